@@ -1,0 +1,270 @@
+import { existsSync, readFileSync, writeFileSync, chmodSync } from 'node:fs'
+import { join } from 'node:path'
+import { PaygateError, notFound } from '../errors/index.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+import { KeyedMutex } from '../util/mutex.js'
+import { randomBase62 } from '../util/random.js'
+import { displayPrefix, hashKey, keyKindOf, newApiKey, newKeyId, sameHash, type KeyKind } from './keys.js'
+
+export const AGENT_ID_RE = /^[A-Za-z0-9._-]{1,64}$/
+/** Path words under /v1/agents that cannot be agent ids. */
+const RESERVED_AGENT_IDS = new Set(['invoke'])
+
+export interface AgentRecord {
+  agentId: string
+  createdAt: string
+}
+
+export interface KeyRecord {
+  keyId: string
+  kind: KeyKind
+  agentId?: string
+  hash: string
+  prefix: string
+  createdAt: string
+  revokedAt?: string
+}
+
+export type Identity = { kind: 'account'; keyId: string } | { kind: 'agent'; keyId: string; agentId: string }
+
+export interface IssuedKey {
+  keyId: string
+  apiKey: string
+  prefix: string
+  createdAt: string
+}
+
+/** Something else stored per agent (policy, usage, ...) that goes when the agent goes. */
+export type AgentCascade = (agentId: string) => BatchOp[] | Promise<BatchOp[]>
+
+const ENV_KEY_ID = 'key_environment'
+const CACHE_MAX = 10_000
+const ACCOUNT_KEY_FILE = 'account-key'
+
+export function validateAgentId(id: unknown): string {
+  if (typeof id !== 'string' || !AGENT_ID_RE.test(id)) {
+    throw new PaygateError('invalid_request', 'agentId must match [A-Za-z0-9._-]{1,64}', { field: 'agentId' })
+  }
+  if (RESERVED_AGENT_IDS.has(id)) {
+    throw new PaygateError('invalid_request', `agentId "${id}" is reserved`, { field: 'agentId' })
+  }
+  return id
+}
+
+/**
+ * Agents and their API keys. Keys are stored as SHA-256 digests with a digest index for
+ * lookup; verified identities are cached in memory (the proxy checks a key on every
+ * request) and the cache entry goes the moment a key is revoked or its agent deleted.
+ */
+export class Registry {
+  private readonly agents: Collection<AgentRecord>
+  private readonly keys: Collection<KeyRecord>
+  private readonly keyByHash: Collection<string>
+  private readonly agentKeys: Collection<string>
+  private readonly cache = new Map<string, Identity>()
+  private readonly mutex = new KeyedMutex()
+  private readonly cascades: AgentCascade[] = []
+  private readonly envKeyHash: string | null
+
+  constructor(
+    private readonly store: Store,
+    private readonly clock: Clock,
+    envAccountKey: string | null = null,
+  ) {
+    this.agents = store.collection('agents')
+    this.keys = store.collection('keys')
+    this.keyByHash = store.collection('keyByHash')
+    this.agentKeys = store.collection('agentKeys')
+    this.envKeyHash = envAccountKey ? hashKey(envAccountKey) : null
+  }
+
+  onAgentDelete(cascade: AgentCascade): void {
+    this.cascades.push(cascade)
+  }
+
+  private nowIso(): string {
+    return new Date(this.clock.now()).toISOString()
+  }
+
+  // ---- verification -------------------------------------------------------------------
+
+  /** The identity behind a presented key, or null when it is malformed, unknown or revoked. */
+  async verify(presented: string): Promise<Identity | null> {
+    const kind = keyKindOf(presented)
+    if (!kind) return null
+    const hash = hashKey(presented)
+    if (kind === 'account' && this.envKeyHash && sameHash(hash, this.envKeyHash)) return { kind: 'account', keyId: ENV_KEY_ID }
+    const hit = this.cache.get(hash)
+    if (hit) return hit
+    const keyId = await this.keyByHash.get(hash)
+    if (!keyId) return null
+    const rec = await this.keys.get(keyId)
+    if (!rec || rec.revokedAt || rec.kind !== kind || !sameHash(rec.hash, hash)) return null
+    const id: Identity = rec.kind === 'agent' ? { kind: 'agent', keyId, agentId: rec.agentId! } : { kind: 'account', keyId }
+    if (this.cache.size >= CACHE_MAX) this.cache.delete(this.cache.keys().next().value!)
+    this.cache.set(hash, id)
+    return id
+  }
+
+  // ---- keys ---------------------------------------------------------------------------
+
+  private keyOps(kind: KeyKind, agentId?: string): { issued: IssuedKey; ops: BatchOp[] } {
+    const apiKey = newApiKey(kind)
+    const rec: KeyRecord = {
+      keyId: newKeyId(),
+      kind,
+      ...(agentId ? { agentId } : {}),
+      hash: hashKey(apiKey),
+      prefix: displayPrefix(apiKey),
+      createdAt: this.nowIso(),
+    }
+    const ops: BatchOp[] = [
+      { type: 'put', coll: this.keys, key: rec.keyId, value: rec },
+      { type: 'put', coll: this.keyByHash, key: rec.hash, value: rec.keyId },
+    ]
+    if (agentId) ops.push({ type: 'put', coll: this.agentKeys, key: `${agentId}\x00${rec.keyId}`, value: rec.keyId })
+    return { issued: { keyId: rec.keyId, apiKey, prefix: rec.prefix, createdAt: rec.createdAt }, ops }
+  }
+
+  async issueAgentKey(agentId: string): Promise<IssuedKey> {
+    return this.withAgent(agentId, async () => {
+      const { issued, ops } = this.keyOps('agent', agentId)
+      await this.store.batch(ops)
+      return issued
+    })
+  }
+
+  async issueAccountKey(): Promise<IssuedKey> {
+    const { issued, ops } = this.keyOps('account')
+    await this.store.batch(ops)
+    return issued
+  }
+
+  private async keysOf(agentId: string): Promise<KeyRecord[]> {
+    const ids: string[] = []
+    for await (const [, keyId] of this.agentKeys.entries({ gt: `${agentId}\x00`, lt: `${agentId}\x01` })) ids.push(keyId)
+    return (await this.keys.getMany(ids)).filter((r): r is KeyRecord => !!r)
+  }
+
+  async listAgentKeys(agentId: string): Promise<KeyRecord[]> {
+    await this.requireAgent(agentId)
+    return this.keysOf(agentId)
+  }
+
+  async listAccountKeys(): Promise<KeyRecord[]> {
+    const out: KeyRecord[] = []
+    for await (const [, rec] of this.keys.entries()) if (rec.kind === 'account') out.push(rec)
+    return out
+  }
+
+  async getKey(keyId: string): Promise<KeyRecord | undefined> {
+    return this.keys.get(keyId)
+  }
+
+  private forget(hash: string): void {
+    this.cache.delete(hash)
+  }
+
+  /** Revoke a key at once. The last active account key cannot be revoked (nobody could log in). */
+  async revokeKey(keyId: string): Promise<KeyRecord> {
+    return this.mutex.run('keys', async () => {
+      const rec = await this.keys.get(keyId)
+      if (!rec) throw notFound(`key ${keyId}`)
+      if (rec.revokedAt) return rec
+      if (rec.kind === 'account') {
+        const active = (await this.listAccountKeys()).filter((k) => !k.revokedAt)
+        if (active.length <= 1 && !this.envKeyHash) {
+          throw new PaygateError('conflict', 'this is the last active account key; issue another before revoking it')
+        }
+      }
+      const updated: KeyRecord = { ...rec, revokedAt: this.nowIso() }
+      await this.store.batch([
+        { type: 'put', coll: this.keys, key: keyId, value: updated },
+        { type: 'del', coll: this.keyByHash, key: rec.hash },
+      ])
+      this.forget(rec.hash)
+      return updated
+    })
+  }
+
+  // ---- agents -------------------------------------------------------------------------
+
+  /** Run `fn` for an existing agent under its lock: no delete or other change of it interleaves. */
+  async withAgent<T>(agentId: string, fn: (agent: AgentRecord) => Promise<T>): Promise<T> {
+    return this.mutex.run(`agent:${agentId}`, async () => fn(await this.requireAgent(agentId)))
+  }
+
+  async requireAgent(agentId: string): Promise<AgentRecord> {
+    const a = AGENT_ID_RE.test(agentId) ? await this.agents.get(agentId) : undefined
+    if (!a) throw notFound(`agent ${agentId}`)
+    return a
+  }
+
+  async getAgent(agentId: string): Promise<AgentRecord | undefined> {
+    return AGENT_ID_RE.test(agentId) ? this.agents.get(agentId) : undefined
+  }
+
+  async createAgent(requested?: string): Promise<{ agent: AgentRecord; key: IssuedKey }> {
+    const agentId = requested === undefined ? `agent_${randomBase62(12)}` : validateAgentId(requested)
+    return this.mutex.run(`agent:${agentId}`, async () => {
+      if (await this.agents.get(agentId)) throw new PaygateError('conflict', `agent ${agentId} already exists`)
+      const agent: AgentRecord = { agentId, createdAt: this.nowIso() }
+      const { issued, ops } = this.keyOps('agent', agentId)
+      await this.store.batch([{ type: 'put', coll: this.agents, key: agentId, value: agent }, ...ops])
+      return { agent, key: issued }
+    })
+  }
+
+  async listAgents(opts: { limit: number; cursor?: string }): Promise<{ agents: AgentRecord[]; nextCursor: string | null }> {
+    const agents: AgentRecord[] = []
+    for await (const [, a] of this.agents.entries({ ...(opts.cursor ? { gt: opts.cursor } : {}), limit: opts.limit + 1 })) agents.push(a)
+    const more = agents.length > opts.limit
+    if (more) agents.pop()
+    return { agents, nextCursor: more ? agents[agents.length - 1]!.agentId : null }
+  }
+
+  /** Delete an agent, its keys (which stop working at once) and everything cascaded to it. */
+  async deleteAgent(agentId: string): Promise<void> {
+    await this.withAgent(agentId, async () => {
+      const keys = await this.keysOf(agentId)
+      const ops: BatchOp[] = [{ type: 'del', coll: this.agents, key: agentId }]
+      for (const k of keys) {
+        ops.push({ type: 'del', coll: this.keys, key: k.keyId })
+        ops.push({ type: 'del', coll: this.keyByHash, key: k.hash })
+        ops.push({ type: 'del', coll: this.agentKeys, key: `${agentId}\x00${k.keyId}` })
+      }
+      for (const c of this.cascades) ops.push(...(await c(agentId)))
+      await this.store.batch(ops)
+      for (const k of keys) this.forget(k.hash)
+    })
+  }
+
+  // ---- bootstrap ----------------------------------------------------------------------
+
+  /**
+   * On first start, create an account key and write it to a 0600 file in the data
+   * directory. A key file whose key the store does not know (e.g. state wiped) is
+   * re-registered so the operator's key keeps working.
+   */
+  async bootstrapAccountKey(dataDir: string): Promise<{ file: string; created: boolean; apiKey: string | null }> {
+    const file = join(dataDir, ACCOUNT_KEY_FILE)
+    const active = (await this.listAccountKeys()).filter((k) => !k.revokedAt)
+    if (existsSync(file)) {
+      const key = readFileSync(file, 'utf8').trim()
+      if (keyKindOf(key) === 'account' && active.length === 0 && !(await this.keyByHash.get(hashKey(key)))) {
+        const rec: KeyRecord = { keyId: newKeyId(), kind: 'account', hash: hashKey(key), prefix: displayPrefix(key), createdAt: this.nowIso() }
+        await this.store.batch([
+          { type: 'put', coll: this.keys, key: rec.keyId, value: rec },
+          { type: 'put', coll: this.keyByHash, key: rec.hash, value: rec.keyId },
+        ])
+      }
+      return { file, created: false, apiKey: null }
+    }
+    if (active.length > 0) return { file, created: false, apiKey: null }
+    const issued = await this.issueAccountKey()
+    writeFileSync(file, `${issued.apiKey}\n`, { mode: 0o600 })
+    chmodSync(file, 0o600)
+    return { file, created: true, apiKey: issued.apiKey }
+  }
+}

@@ -1,0 +1,63 @@
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { PaygateError, invalid } from '../errors/index.js'
+import type { Reply } from './router.js'
+
+/** Read and parse a JSON body; empty means `{}`. Enforces the size limit and content type. */
+export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
+  const declared = Number(req.headers['content-length'] ?? 0)
+  if (declared > maxBytes) throw new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
+  const chunks: Buffer[] = []
+  let size = 0
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length
+    if (size > maxBytes) throw new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
+    chunks.push(chunk)
+  }
+  if (size === 0) return {}
+  const type = String(req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
+  if (type !== 'application/json' && !type.endsWith('+json')) {
+    throw invalid('content-type', 'the body must be JSON sent with Content-Type: application/json')
+  }
+  try {
+    return JSON.parse(Buffer.concat(chunks).toString('utf8'))
+  } catch {
+    throw invalid('body', 'the body is not valid JSON')
+  }
+}
+
+export function sendReply(res: ServerResponse, reply: Reply): void {
+  const headers: Record<string, string | number> = { 'cache-control': 'no-store', ...reply.headers }
+  if (reply.raw) {
+    headers['content-type'] = reply.raw.contentType
+    res.writeHead(reply.status, headers)
+    res.end(reply.raw.data)
+    return
+  }
+  if (reply.body === undefined) {
+    res.writeHead(reply.status, headers)
+    res.end()
+    return
+  }
+  const data = JSON.stringify(reply.body)
+  headers['content-type'] = 'application/json; charset=utf-8'
+  headers['content-length'] = Buffer.byteLength(data)
+  res.writeHead(reply.status, headers)
+  res.end(data)
+}
+
+export const errorReply = (e: PaygateError): Reply => ({ status: e.status, body: e.toBody(), headers: e.headers })
+
+/** Parse an optional integer query parameter within bounds. */
+export function intParam(url: URL, name: string, dflt: number, min: number, max: number): number {
+  const v = url.searchParams.get(name)
+  if (v === null || v === '') return dflt
+  if (!/^\d+$/.test(v) || Number(v) < min || Number(v) > max) throw invalid(name, `${name} must be an integer from ${min} to ${max}`)
+  return Number(v)
+}
+
+/** Reject body fields a route does not know. */
+export function onlyFields(body: unknown, allowed: readonly string[]): Record<string, unknown> {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw invalid('body', 'the body must be a JSON object')
+  for (const k of Object.keys(body)) if (!allowed.includes(k)) throw invalid(k, `unknown field ${k}`)
+  return body as Record<string, unknown>
+}

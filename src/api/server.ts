@@ -1,0 +1,106 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import type { Logger } from 'pino'
+import type { Identity, Registry } from '../agents/registry.js'
+import { PaygateError, toPaygateError } from '../errors/index.js'
+import { errorReply, readJsonBody, sendReply } from './http.js'
+import type { TokenBucket } from './rate-limit.js'
+import type { Reply, Router } from './router.js'
+
+export interface ApiDeps {
+  router: Router
+  registry: Registry
+  rateLimit: TokenBucket
+  log: Logger
+  maxBodyBytes: number
+}
+
+const BEARER_RE = /^Bearer[ \t]+(\S+)[ \t]*$/i
+
+/** 401 for a missing, malformed or revoked key; the identity otherwise. */
+async function authenticate(req: IncomingMessage, registry: Registry): Promise<Identity> {
+  const header = req.headers.authorization
+  if (!header) throw new PaygateError('unauthorized', 'missing Authorization: Bearer <API key>')
+  const m = BEARER_RE.exec(header)
+  if (!m) throw new PaygateError('unauthorized', 'malformed Authorization header; expected Bearer <API key>')
+  const id = await registry.verify(m[1]!)
+  if (!id) throw new PaygateError('unauthorized', 'API key is malformed, unknown or revoked')
+  return id
+}
+
+/** The /v1 API and health endpoints on one node:http server. */
+export function createApiServer(deps: ApiDeps): Server {
+  const { router, registry, rateLimit, log, maxBodyBytes } = deps
+
+  /** `seen` collects the caller's identity for the access log, also when the handler fails. */
+  async function handle(req: IncomingMessage, url: URL, reqLog: Logger, seen: { identity: Identity | null }): Promise<Reply> {
+    const match = router.match(req.method ?? 'GET', url.pathname)
+    if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
+    if ('allow' in match) {
+      throw new PaygateError('method_not_allowed', `${req.method} is not allowed on ${url.pathname}`, {}, { allow: match.allow.join(', ') })
+    }
+    const { route, params } = match
+    if (route.access !== 'public') {
+      seen.identity = await authenticate(req, registry)
+      if (route.access === 'account' && seen.identity.kind !== 'account') {
+        throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
+      }
+      const taken = rateLimit.take()
+      if (!taken.ok) {
+        throw new PaygateError(
+          'rate_limited',
+          `account API rate limit exceeded; retry in ${taken.retryAfter} s`,
+          { retryAfter: taken.retryAfter },
+          { 'retry-after': String(taken.retryAfter) },
+        )
+      }
+    }
+    let parsed: Promise<unknown> | undefined
+    return route.handler({
+      req,
+      url,
+      params,
+      identity: seen.identity,
+      log: reqLog,
+      body: () => (parsed ??= readJsonBody(req, maxBodyBytes)),
+    })
+  }
+
+  return createServer({ keepAliveTimeout: 65_000 }, (req: IncomingMessage, res: ServerResponse) => {
+    const started = process.hrtime.bigint()
+    let url: URL
+    try {
+      url = new URL(req.url ?? '/', 'http://api.local')
+    } catch {
+      sendReply(res, errorReply(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
+      return
+    }
+    const reqLog = log
+    const seen: { identity: Identity | null } = { identity: null }
+    handle(req, url, reqLog, seen)
+      .then(
+        (reply) => reply,
+        (e: unknown) => {
+          const err = toPaygateError(e)
+          if (err.code === 'internal_error') reqLog.error({ err: e, path: url.pathname }, 'request failed')
+          if (err.code === 'payload_too_large') res.setHeader('connection', 'close')
+          return errorReply(err)
+        },
+      )
+      .then((reply) => {
+        if (!res.headersSent) sendReply(res, reply)
+        const ms = Number(process.hrtime.bigint() - started) / 1e6
+        reqLog.info(
+          {
+            method: req.method,
+            path: url.pathname,
+            status: reply.status,
+            ms: Math.round(ms * 100) / 100,
+            ...(seen.identity ? { keyId: seen.identity.keyId } : {}),
+            ...(seen.identity?.kind === 'agent' ? { agentId: seen.identity.agentId } : {}),
+          },
+          'api request',
+        )
+      })
+      .catch((e: unknown) => reqLog.error({ err: e }, 'could not send reply'))
+  })
+}

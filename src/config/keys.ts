@@ -1,0 +1,73 @@
+/**
+ * Every configuration key, once: its type, what is allowed, and its documentation.
+ * Environment names and CLI flags are derived by one rule (see envName/flagName), so
+ * `chain.rpcUrl` is `PAYGATE_CHAIN_RPC_URL` and `--chain-rpc-url`.
+ */
+export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret'
+
+export interface KeySpec {
+  path: string
+  kind: KeyKind
+  /** May be null/unset. */
+  optional?: boolean
+  min?: number
+  max?: number
+  values?: readonly string[]
+  /** Extra check for secrets and strings; returns what is allowed when the value fails. */
+  check?: (v: string) => string | null
+  doc: string
+}
+
+const API_KEY_RE = /^rp_live_[0-9A-Za-z]{32,}$/
+
+/** 32 bytes as 64 hex characters or base64 (44 characters with padding). */
+export function decodeMasterKey(v: string): Buffer | null {
+  if (/^(0x)?[0-9a-fA-F]{64}$/.test(v)) return Buffer.from(v.replace(/^0x/, ''), 'hex')
+  if (/^[A-Za-z0-9+/]{43}=?$/.test(v)) {
+    const b = Buffer.from(v, 'base64')
+    if (b.length === 32) return b
+  }
+  return null
+}
+
+export const KEYS: readonly KeySpec[] = [
+  { path: 'dataDir', kind: 'path', doc: 'Directory for LevelDB state, the account key file and the master key file.' },
+  { path: 'certsDir', kind: 'path', doc: "Directory for Paygate's interception CA (generated content is git-ignored)." },
+  {
+    path: 'accountKey',
+    kind: 'secret',
+    optional: true,
+    check: (v) => (API_KEY_RE.test(v) ? null : 'rp_live_ followed by at least 32 base62 characters'),
+    doc: 'An extra account key (`rp_live_…`) accepted while it is set. Prefer the environment to a flag: flags show in `ps`.',
+  },
+  {
+    path: 'masterKey',
+    kind: 'secret',
+    optional: true,
+    check: (v) => (decodeMasterKey(v) ? null : '32 bytes as 64 hex characters or base64'),
+    doc: 'Master key that encrypts wallet keys at rest (32 bytes, hex or base64). Unset: a key file is created with mode 0600 in the data directory.',
+  },
+  { path: 'api.host', kind: 'host', doc: 'Address the API port binds to (`0.0.0.0` inside containers).' },
+  { path: 'api.port', kind: 'port', doc: 'API port (REST `/v1`, health). 0 picks a free port; the chosen one is printed.' },
+  { path: 'api.maxBodyBytes', kind: 'int', min: 1024, max: 64 * 1024 * 1024, doc: 'Largest accepted API request body, in bytes; larger bodies get 413.' },
+  {
+    path: 'api.rateLimit.perMinute',
+    kind: 'int',
+    min: 1,
+    max: 10_000_000,
+    doc: 'Account-level API rate: requests per minute (token bucket refill). Over it: 429 `rate_limited` with `retryAfter`.',
+  },
+  { path: 'api.rateLimit.burst', kind: 'int', min: 1, max: 10_000_000, doc: 'Account-level API burst: requests allowed at once before the per-minute rate applies.' },
+  { path: 'proxy.host', kind: 'host', doc: 'Address the forward-proxy port binds to.' },
+  { path: 'proxy.port', kind: 'port', doc: 'Forward-proxy port. 0 picks a free port.' },
+  { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },
+  { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
+  { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
+  { path: 'shutdown.graceMs', kind: 'int', min: 0, max: 600_000, doc: 'On SIGINT/SIGTERM, how long in-flight requests may finish before connections are closed.' },
+]
+
+const snake = (seg: string): string => seg.replace(/([a-z0-9])([A-Z])/g, '$1_$2').toUpperCase()
+const kebab = (seg: string): string => seg.replace(/([a-z0-9])([A-Z])/g, '$1-$2').toLowerCase()
+
+export const envName = (path: string): string => `PAYGATE_${path.split('.').map(snake).join('_')}`
+export const flagName = (path: string): string => `--${path.split('.').map(kebab).join('-')}`

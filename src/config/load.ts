@@ -1,0 +1,207 @@
+import { readFileSync } from 'node:fs'
+import { isIP } from 'node:net'
+import { resolve } from 'node:path'
+import { PaygateError } from '../errors/index.js'
+import { KEYS, envName, flagName, type KeySpec } from './keys.js'
+
+export interface Config {
+  dataDir: string
+  certsDir: string
+  accountKey: string | null
+  masterKey: string | null
+  api: { host: string; port: number; maxBodyBytes: number; rateLimit: { perMinute: number; burst: number } }
+  proxy: { host: string; port: number }
+  chain: { rpcUrl: string | null }
+  upstream: { caFile: string | null }
+  log: { level: string }
+  shutdown: { graceMs: number }
+}
+
+type Source = 'default' | 'file' | 'env' | 'flag'
+type Raw = { value: unknown; source: Source }
+
+const DEFAULT_FILE = new URL('../../config/default.json', import.meta.url)
+
+/** Flatten a nested JSON object into dotted leaf paths. */
+function flatten(obj: unknown, prefix = '', out = new Map<string, unknown>()): Map<string, unknown> {
+  if (obj && typeof obj === 'object' && !Array.isArray(obj)) {
+    for (const [k, v] of Object.entries(obj)) {
+      const p = prefix ? `${prefix}.${k}` : k
+      if (v && typeof v === 'object' && !Array.isArray(v)) flatten(v, p, out)
+      else out.set(p, v)
+    }
+  }
+  return out
+}
+
+function readJson(file: string | URL, what: string): unknown {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (e) {
+    throw new PaygateError('invalid_config', `${what} ${String(file)} cannot be read: ${(e as Error).message}`)
+  }
+  try {
+    return JSON.parse(text)
+  } catch (e) {
+    throw new PaygateError('invalid_config', `${what} ${String(file)} is not valid JSON: ${(e as Error).message}`)
+  }
+}
+
+const BY_PATH = new Map(KEYS.map((k) => [k.path, k]))
+const BY_FLAG = new Map(KEYS.flatMap((k) => [[flagName(k.path), k] as const, [`--${k.path}`, k] as const]))
+
+export interface LoadInput {
+  argv?: readonly string[]
+  env?: Readonly<Record<string, string | undefined>>
+  cwd?: string
+}
+
+/**
+ * Parse CLI flags (`--api-port 0`, `--api-port=0`, `--api.port=0`, `--config file`).
+ * Returns the flags and the remaining positional arguments.
+ */
+export function parseFlags(argv: readonly string[]): { flags: Map<string, string>; config?: string; positional: string[] } {
+  const flags = new Map<string, string>()
+  const positional: string[] = []
+  let config: string | undefined
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!
+    if (!arg.startsWith('--')) {
+      positional.push(arg)
+      continue
+    }
+    const eq = arg.indexOf('=')
+    const name = eq >= 0 ? arg.slice(0, eq) : arg
+    const takeValue = (): string => {
+      if (eq >= 0) return arg.slice(eq + 1)
+      const next = argv[i + 1]
+      if (next === undefined) throw new PaygateError('invalid_config', `flag ${name} needs a value`)
+      i++
+      return next
+    }
+    if (name === '--config') {
+      config = takeValue()
+      continue
+    }
+    const spec = BY_FLAG.get(name)
+    if (!spec) {
+      // Boolean switches of sub-commands (e.g. --bundle) are left to them.
+      positional.push(arg)
+      continue
+    }
+    flags.set(spec.path, takeValue())
+  }
+  return { flags, ...(config !== undefined ? { config } : {}), positional }
+}
+
+function describeValue(spec: KeySpec, v: unknown): string {
+  if (spec.kind === 'secret') return `<redacted, ${String(v).length} characters>`
+  return JSON.stringify(v)
+}
+
+/** Validate one value; returns [normalised value, null] or [undefined, what is allowed]. */
+function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | null] {
+  if (v === null || v === undefined || v === '') {
+    return spec.optional ? [null, null] : [undefined, 'a value (this key is required)']
+  }
+  const asInt = (): number | null => {
+    const n = typeof v === 'number' ? v : typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : NaN
+    return Number.isSafeInteger(n) ? n : null
+  }
+  switch (spec.kind) {
+    case 'port': {
+      const n = asInt()
+      return n !== null && n >= 0 && n <= 65535 ? [n, null] : [undefined, 'an integer port 0-65535 (0 picks a free port)']
+    }
+    case 'int': {
+      const n = asInt()
+      const lo = spec.min ?? Number.MIN_SAFE_INTEGER
+      const hi = spec.max ?? Number.MAX_SAFE_INTEGER
+      return n !== null && n >= lo && n <= hi ? [n, null] : [undefined, `an integer from ${lo} to ${hi}`]
+    }
+    case 'enum':
+      return typeof v === 'string' && spec.values!.includes(v) ? [v, null] : [undefined, `one of ${spec.values!.join(', ')}`]
+    case 'host': {
+      const ok =
+        typeof v === 'string' &&
+        (isIP(v) !== 0 || /^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(v))
+      return ok ? [v, null] : [undefined, 'a hostname or IP address, e.g. 127.0.0.1 or 0.0.0.0']
+    }
+    case 'url': {
+      if (typeof v === 'string') {
+        try {
+          const u = new URL(v)
+          if (u.protocol === 'http:' || u.protocol === 'https:' || u.protocol === 'ws:' || u.protocol === 'wss:') return [v, null]
+        } catch {
+          /* fall through */
+        }
+      }
+      return [undefined, 'an http(s) or ws(s) URL']
+    }
+    case 'path':
+      return typeof v === 'string' ? [resolve(cwd, v), null] : [undefined, 'a file system path']
+    case 'secret':
+    case 'string': {
+      if (typeof v !== 'string') return [undefined, spec.kind === 'secret' ? 'a string' : 'a string']
+      const why = spec.check?.(v) ?? null
+      return why ? [undefined, why] : [v, null]
+    }
+  }
+}
+
+function setPath(obj: Record<string, unknown>, path: string, value: unknown): void {
+  const parts = path.split('.')
+  let cur = obj
+  for (const p of parts.slice(0, -1)) cur = (cur[p] ??= {}) as Record<string, unknown>
+  cur[parts[parts.length - 1]!] = value
+}
+
+const SOURCE_TEXT: Record<Source, (spec: KeySpec, file?: string) => string> = {
+  default: (s) => `from config/default.json; set ${envName(s.path)}`,
+  file: (s, f) => `from ${f}; or set ${envName(s.path)}`,
+  env: (s) => `from ${envName(s.path)}`,
+  flag: (s) => `from ${flagName(s.path)}`,
+}
+
+/**
+ * Build the configuration: config/default.json < file (PAYGATE_CONFIG or --config) <
+ * environment (PAYGATE_*) < CLI flags. Validated once; every bad value is reported with
+ * its key, value, where it came from and what is allowed.
+ */
+export function loadConfig(input: LoadInput = {}): { config: Config; positional: string[] } {
+  const env = input.env ?? {}
+  const cwd = input.cwd ?? process.cwd()
+  const { flags, config: configFlag, positional } = parseFlags(input.argv ?? [])
+  const raw = new Map<string, Raw>()
+  const problems: string[] = []
+
+  for (const [path, value] of flatten(readJson(DEFAULT_FILE, 'default config'))) raw.set(path, { value, source: 'default' })
+
+  const file = configFlag ?? env.PAYGATE_CONFIG
+  const fileAbs = file ? resolve(cwd, file) : undefined
+  if (fileAbs) {
+    for (const [path, value] of flatten(readJson(fileAbs, 'config file'))) {
+      if (!BY_PATH.has(path)) problems.push(`${path} (from ${fileAbs}) is not a known configuration key`)
+      else raw.set(path, { value, source: 'file' })
+    }
+  }
+  for (const spec of KEYS) {
+    const v = env[envName(spec.path)]
+    if (v !== undefined) raw.set(spec.path, { value: v, source: 'env' })
+  }
+  for (const [path, value] of flags) raw.set(path, { value, source: 'flag' })
+
+  const out: Record<string, unknown> = {}
+  for (const spec of KEYS) {
+    const r = raw.get(spec.path) ?? { value: null, source: 'default' as const }
+    const [value, allowed] = validate(spec, r.value, cwd)
+    if (allowed) {
+      problems.push(
+        `${spec.path} = ${describeValue(spec, r.value)} (${SOURCE_TEXT[r.source](spec, fileAbs)}) is not allowed; expected ${allowed}`,
+      )
+    } else setPath(out, spec.path, value)
+  }
+  if (problems.length) throw new PaygateError('invalid_config', `invalid configuration:\n  ${problems.join('\n  ')}`)
+  return { config: out as unknown as Config, positional }
+}

@@ -1,0 +1,69 @@
+/**
+ * One error type for the whole service. `code` is the stable machine code the API
+ * answers with (the spec's `error` values plus a few of our own); `status` is the HTTP
+ * status it maps to; `extra` carries the code-specific fields (`reason`, `field`, ...).
+ */
+export const ERROR_STATUS = {
+  invalid_request: 400,
+  unauthorized: 401,
+  policy_violation: 402,
+  insufficient_funds: 402,
+  budget_exceeded: 402,
+  no_payable_offer: 402,
+  forbidden: 403,
+  not_found: 404,
+  method_not_allowed: 405,
+  conflict: 409,
+  idempotency_conflict: 409,
+  payload_too_large: 413,
+  rate_limited: 429,
+  internal_error: 500,
+  invalid_config: 500,
+  payment_protocol_error: 502,
+  payment_failed: 502,
+  unavailable: 503,
+} as const
+
+export type ErrorCode = keyof typeof ERROR_STATUS
+
+export class PaygateError extends Error {
+  readonly code: ErrorCode
+  readonly status: number
+  readonly detail: string
+  readonly extra: Record<string, unknown>
+  /** Response headers that belong with this error (e.g. Retry-After, Allow). */
+  readonly headers: Record<string, string>
+
+  constructor(
+    code: ErrorCode,
+    detail: string,
+    extra: Record<string, unknown> = {},
+    headers: Record<string, string> = {},
+  ) {
+    super(`${code}: ${detail}`)
+    this.name = 'PaygateError'
+    this.code = code
+    this.status = ERROR_STATUS[code]
+    this.detail = detail
+    this.extra = extra
+    this.headers = headers
+  }
+
+  /** The spec's error body: `{error, detail, ...extra}`. */
+  toBody(): Record<string, unknown> {
+    return { error: this.code, detail: this.detail, ...this.extra }
+  }
+}
+
+export const isPaygateError = (e: unknown): e is PaygateError => e instanceof PaygateError
+
+export const invalid = (field: string, detail: string): PaygateError =>
+  new PaygateError('invalid_request', detail, { field })
+
+export const notFound = (what: string): PaygateError => new PaygateError('not_found', `${what} does not exist`)
+
+/** Wrap anything thrown into a PaygateError without leaking internals to the caller. */
+export function toPaygateError(e: unknown): PaygateError {
+  if (isPaygateError(e)) return e
+  return new PaygateError('internal_error', 'internal error; safe to retry with backoff')
+}

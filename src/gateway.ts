@@ -1,0 +1,97 @@
+import type { Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { Registry } from './agents/registry.js'
+import { TokenBucket } from './api/rate-limit.js'
+import { Router } from './api/router.js'
+import { agentRoutes } from './api/routes/agents.js'
+import { healthRoutes } from './api/routes/health.js'
+import { policyRoutes } from './api/routes/policies.js'
+import { createApiServer } from './api/server.js'
+import type { Config } from './config/load.js'
+import type { Logger } from './log/index.js'
+import { PolicyStore } from './policy/store.js'
+import { Store } from './store/index.js'
+import { systemClock, type Clock } from './util/clock.js'
+
+export interface GatewayOptions {
+  log: Logger
+  clock?: Clock
+}
+
+export interface Gateway {
+  readonly config: Config
+  readonly store: Store
+  readonly registry: Registry
+  readonly policies: PolicyStore
+  /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
+  readonly apiUrl: string
+  /** First-start account key bootstrap: where the key file is, and the key when just created. */
+  readonly accountKey: { file: string; created: boolean; apiKey: string | null }
+  close(): Promise<void>
+}
+
+function listen(server: Server, port: number, host: string): Promise<AddressInfo> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, host, () => {
+      server.off('error', reject)
+      resolve(server.address() as AddressInfo)
+    })
+  })
+}
+
+const urlOf = (a: AddressInfo): string => `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`
+
+/** Graceful close: stop accepting, let in-flight requests finish within `graceMs`, then cut. */
+async function closeServer(server: Server, graceMs: number): Promise<void> {
+  if (!server.listening) return
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()))
+  server.closeIdleConnections()
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs)
+  await closed
+  clearTimeout(timer)
+}
+
+/** The composition root: build every component from the config and start the listeners. */
+export async function startGateway(config: Config, opts: GatewayOptions): Promise<Gateway> {
+  const clock = opts.clock ?? systemClock
+  const log = opts.log
+  const store = await Store.open(config.dataDir)
+  try {
+    const registry = new Registry(store, clock, config.accountKey)
+    const policies = new PolicyStore(store, registry, clock)
+    const accountKey = await registry.bootstrapAccountKey(config.dataDir)
+
+    const router = new Router().add(
+      ...healthRoutes([{ name: 'store', check: async () => store.status === 'open' }]),
+      ...agentRoutes(registry),
+      ...policyRoutes(policies),
+    )
+    const api = createApiServer({
+      router,
+      registry,
+      rateLimit: new TokenBucket(config.api.rateLimit.perMinute, config.api.rateLimit.burst, clock),
+      log,
+      maxBodyBytes: config.api.maxBodyBytes,
+    })
+    const addr = await listen(api, config.api.port, config.api.host)
+
+    let closing: Promise<void> | undefined
+    return {
+      config,
+      store,
+      registry,
+      policies,
+      apiUrl: urlOf(addr),
+      accountKey,
+      close: () =>
+        (closing ??= (async () => {
+          await closeServer(api, config.shutdown.graceMs)
+          await store.close()
+        })()),
+    }
+  } catch (e) {
+    await store.close()
+    throw e
+  }
+}

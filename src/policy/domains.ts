@@ -1,0 +1,50 @@
+import { isIP } from 'node:net'
+import { parse } from 'tldts'
+
+/**
+ * Domain lists (tldts lives only here). An entry that is a registrable domain
+ * (`example.co.uk`, by the Public Suffix List, private section included) or a public
+ * suffix matches itself and every subdomain; a longer host (`api.example.com`),
+ * `localhost` or an IP literal matches only itself.
+ */
+const LABEL = '[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?'
+const HOST_RE = new RegExp(`^(?=.{1,253}$)${LABEL}(\\.${LABEL})*$`)
+
+/** Canonical host: lower case, punycode, no trailing dot, IPv6 without brackets. Null if not a host. */
+export function normalizeHost(input: string): string | null {
+  let h = input.trim()
+  if (!h || /[\s/?#@]/.test(h)) return null
+  if (h.startsWith('[') && h.endsWith(']')) h = h.slice(1, -1)
+  if (isIP(h) === 6) {
+    try {
+      return new URL(`http://[${h}]/`).hostname.slice(1, -1)
+    } catch {
+      return null
+    }
+  }
+  if (h.includes(':')) return null
+  h = h.replace(/\.$/, '')
+  let ascii: string
+  try {
+    ascii = new URL(`http://${h}/`).hostname
+  } catch {
+    return null
+  }
+  if (isIP(ascii) === 4) return ascii
+  return HOST_RE.test(ascii) ? ascii : null
+}
+
+/** Whether an entry (already normalised) covers its subdomains too. */
+export function coversSubdomains(entry: string): boolean {
+  if (isIP(entry) || entry === 'localhost') return false
+  const p = parse(entry, { allowPrivateDomains: true })
+  // Registrable domain itself, or a bare public suffix.
+  return p.domain === entry || (p.domain === null && p.publicSuffix === entry)
+}
+
+export function matchesEntry(entry: string, host: string): boolean {
+  if (host === entry) return true
+  return coversSubdomains(entry) && host.endsWith(`.${entry}`)
+}
+
+export const matchesAny = (entries: readonly string[], host: string): boolean => entries.some((e) => matchesEntry(e, host))
