@@ -8,7 +8,9 @@ const SCALE = 10n ** BigInt(USDC_DECIMALS)
 /** Upper bound for any configured amount: 10^12 USDC keeps every sum far inside 2^63. */
 export const MAX_USDC_UNITS = 10n ** 12n * SCALE
 
-export class AmountError extends Error {}
+export class AmountError extends Error {
+  override name = 'AmountError'
+}
 
 /**
  * Parse a decimal amount (a JSON number or a decimal string) into base units.

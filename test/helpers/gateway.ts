@@ -1,0 +1,79 @@
+import { mkdtempSync, rmSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { Writable } from 'node:stream'
+import { loadConfig, type Config } from '../../src/config/load.js'
+import { startGateway, type Gateway } from '../../src/gateway.js'
+import { createLogger } from '../../src/log/index.js'
+import type { Clock } from '../../src/util/clock.js'
+
+export interface ApiResult {
+  status: number
+  headers: Headers
+  body: any
+  text: string
+}
+
+export interface TestGateway {
+  gw: Gateway
+  url: string
+  dataDir: string
+  accountKey: string
+  /** Every log line written so far. */
+  logs: string[]
+  api(method: string, path: string, opts?: { key?: string | null; body?: unknown; rawBody?: string; headers?: Record<string, string> }): Promise<ApiResult>
+  close(opts?: { keepData?: boolean }): Promise<void>
+}
+
+export const tempDir = (prefix = 'paygate-test-'): string => mkdtempSync(join(tmpdir(), prefix))
+
+/** Start a real gateway in this process on port 0 with a fresh LevelDB in a temp dir. */
+export async function startTestGateway(
+  opts: { dataDir?: string; env?: Record<string, string>; clock?: Clock; overrides?: (c: Config) => void } = {},
+): Promise<TestGateway> {
+  const dataDir = opts.dataDir ?? tempDir()
+  const { config } = loadConfig({
+    env: { PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_LOG_LEVEL: 'info', ...opts.env },
+  })
+  opts.overrides?.(config)
+  const logs: string[] = []
+  const sink = new Writable({
+    write(chunk, _enc, cb) {
+      logs.push(...String(chunk).split('\n').filter(Boolean))
+      cb()
+    },
+  })
+  const gw = await startGateway(config, { log: createLogger('info', sink), ...(opts.clock ? { clock: opts.clock } : {}) })
+  const accountKey = readFileSync(gw.accountKey.file, 'utf8').trim()
+  const url = gw.apiUrl
+  return {
+    gw,
+    url,
+    dataDir,
+    accountKey,
+    logs,
+    async api(method, path, o = {}) {
+      const headers: Record<string, string> = { ...o.headers }
+      const key = o.key === undefined ? accountKey : o.key
+      if (key !== null) headers.authorization = `Bearer ${key}`
+      let body: string | undefined = o.rawBody
+      if (o.body !== undefined) {
+        body = JSON.stringify(o.body)
+        headers['content-type'] ??= 'application/json'
+      }
+      const res = await fetch(url + path, { method, headers, ...(body !== undefined ? { body } : {}) })
+      const text = await res.text()
+      let parsed: unknown = undefined
+      try {
+        parsed = text ? JSON.parse(text) : undefined
+      } catch {
+        parsed = undefined
+      }
+      return { status: res.status, headers: res.headers, body: parsed, text }
+    },
+    async close(o = {}) {
+      await gw.close()
+      if (!o.keepData && !opts.dataDir) rmSync(dataDir, { recursive: true, force: true })
+    },
+  }
+}

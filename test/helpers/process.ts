@@ -1,0 +1,87 @@
+import { spawn, type ChildProcess } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url))
+
+export interface GatewayProcess {
+  proc: ChildProcess
+  url: string
+  stdout: string[]
+  stderr: string[]
+  /** Resolves with the exit code (or signal name) once the process has exited. */
+  exited: Promise<number | string>
+  stop(signal?: NodeJS.Signals): Promise<number | string>
+}
+
+/** Run `paygate start` as a real child process and wait until it prints its API address. */
+export async function spawnGateway(env: Record<string, string>, args: string[] = []): Promise<GatewayProcess> {
+  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  const stdout: string[] = []
+  const stderr: string[] = []
+  const exited = new Promise<number | string>((resolve) => proc.on('exit', (code, sig) => resolve(code ?? sig ?? -1)))
+  const url = await new Promise<string>((resolve, reject) => {
+    let buf = ''
+    proc.stdout!.on('data', (d: Buffer) => {
+      buf += d.toString()
+      let i: number
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i)
+        buf = buf.slice(i + 1)
+        stdout.push(line)
+        try {
+          const j = JSON.parse(line)
+          if (j.msg === 'paygate started') resolve(j.api)
+        } catch {
+          /* not JSON */
+        }
+      }
+    })
+    proc.stderr!.on('data', (d: Buffer) => stderr.push(...d.toString().split('\n').filter(Boolean)))
+    exited.then((c) => reject(new Error(`gateway exited (${c}) before starting: ${stderr.join('\n')}`)))
+    setTimeout(() => reject(new Error('gateway did not start within 20 s')), 20_000).unref()
+  })
+  return {
+    proc,
+    url,
+    stdout,
+    stderr,
+    exited,
+    async stop(signal: NodeJS.Signals = 'SIGTERM') {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal)
+      return exited
+    },
+  }
+}
+
+/** Run the CLI to completion and collect its output. */
+export function runCli(env: Record<string, string>, args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH ?? '', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    })
+    let stdout = ''
+    let stderr = ''
+    proc.stdout.on('data', (d) => (stdout += d))
+    proc.stderr.on('data', (d) => (stderr += d))
+    const timer = setTimeout(() => proc.kill('SIGKILL'), 20_000)
+    proc.on('exit', (code) => {
+      clearTimeout(timer)
+      resolve({ code, stdout, stderr })
+    })
+  })
+}
+
+export async function call(url: string, method: string, path: string, key: string | null, body?: unknown): Promise<{ status: number; body: any; text: string }> {
+  const headers: Record<string, string> = {}
+  if (key) headers.authorization = `Bearer ${key}`
+  if (body !== undefined) headers['content-type'] = 'application/json'
+  const res = await fetch(url + path, { method, headers, ...(body !== undefined ? { body: JSON.stringify(body) } : {}) })
+  const text = await res.text()
+  return { status: res.status, body: text ? JSON.parse(text) : undefined, text }
+}

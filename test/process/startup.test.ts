@@ -1,0 +1,71 @@
+import t from 'tap'
+import { readFileSync, rmSync } from 'node:fs'
+import { join } from 'node:path'
+import { tempDir } from '../helpers/gateway.js'
+import { call, runCli, spawnGateway } from '../helpers/process.js'
+
+t.test('a bad config value stops the start with a clear message and no stack', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: 'eighty' }, [])
+  t.equal(r.code, 2)
+  t.match(r.stderr, /api\.port = "eighty"/)
+  t.match(r.stderr, /PAYGATE_API_PORT/)
+  t.match(r.stderr, /integer port 0-65535/)
+  t.notMatch(r.stderr, /\n\s+at /, 'no stack trace')
+  const flag = await runCli({ PAYGATE_DATA_DIR: dataDir }, ['--log-level', 'chatty'])
+  t.equal(flag.code, 2)
+  t.match(flag.stderr, /log\.level = "chatty" \(from --log-level\)/)
+})
+
+t.test('a port already in use stops the start with a message', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  t.teardown(() => first.stop('SIGKILL'))
+  const port = new URL(first.url).port
+  const other = tempDir()
+  t.teardown(() => rmSync(other, { recursive: true, force: true }))
+  const r = await runCli({ PAYGATE_DATA_DIR: other, PAYGATE_API_PORT: port }, [])
+  t.equal(r.code, 1)
+  t.match(r.stderr, /cannot start: .*EADDRINUSE/)
+})
+
+t.test('start prints where everything is; no secret ever reaches the logs', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const envKey = 'rp_live_' + 'E'.repeat(40)
+  const masterKey = 'cd'.repeat(32)
+  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_ACCOUNT_KEY: envKey, PAYGATE_MASTER_KEY: masterKey, PAYGATE_LOG_LEVEL: 'trace' })
+  const started = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started')
+  t.match(started, { api: /^http:\/\/127\.0\.0\.1:\d+$/, dataDir, accountKeyFile: join(dataDir, 'account-key') })
+  const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+
+  const secrets = [acct, envKey, masterKey]
+  const a = await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'quiet' })
+  secrets.push(a.body.apiKey)
+  const k = await call(gw.url, 'POST', '/v1/agents/quiet/keys', envKey)
+  secrets.push(k.body.apiKey)
+  const ak = await call(gw.url, 'POST', '/v1/keys', acct)
+  secrets.push(ak.body.apiKey)
+  await call(gw.url, 'GET', '/v1/policies/quiet', a.body.apiKey)
+  await call(gw.url, 'GET', '/v1/agents', 'rp_live_' + 'W'.repeat(40))
+  await call(gw.url, 'DELETE', `/v1/keys/${k.body.keyId}`, acct)
+  await call(gw.url, 'GET', '/v1/policies/quiet', k.body.apiKey)
+
+  // After creation, no response shows a key again.
+  const views = [
+    await call(gw.url, 'GET', '/v1/agents', acct),
+    await call(gw.url, 'GET', '/v1/agents/quiet', acct),
+    await call(gw.url, 'GET', '/v1/agents/quiet/keys', acct),
+    await call(gw.url, 'GET', '/v1/keys', acct),
+    await call(gw.url, 'GET', '/v1/policies/quiet', acct),
+  ]
+  for (const v of views) for (const s of secrets) t.notOk(v.text.includes(s), 'no key in a later response')
+
+  t.equal(await gw.stop('SIGTERM'), 0)
+  const output = gw.stdout.join('\n') + gw.stderr.join('\n')
+  t.ok(gw.stdout.filter((l) => JSON.parse(l).msg === 'api request').length >= 12, 'requests were logged')
+  for (const s of secrets) t.notOk(output.includes(s), `secret ${s.slice(0, 10)}… absent from logs`)
+  t.notMatch(output, /rp_(live|agent)_[0-9A-Za-z]{20,}/, 'nothing key-shaped in logs')
+})

@@ -1,0 +1,89 @@
+import t from 'tap'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { loadConfig } from '../../src/config/load.js'
+import { KEYS, envName, flagName } from '../../src/config/keys.js'
+import defaults from '../../config/default.json' with { type: 'json' }
+import { tempDir } from '../helpers/gateway.js'
+
+t.test('env names and flags follow one rule', async (t) => {
+  t.equal(envName('chain.rpcUrl'), 'PAYGATE_CHAIN_RPC_URL')
+  t.equal(envName('dataDir'), 'PAYGATE_DATA_DIR')
+  t.equal(envName('upstream.caFile'), 'PAYGATE_UPSTREAM_CA_FILE')
+  t.equal(flagName('api.rateLimit.perMinute'), '--api-rate-limit-per-minute')
+  const required = ['PAYGATE_DATA_DIR', 'PAYGATE_API_HOST', 'PAYGATE_API_PORT', 'PAYGATE_PROXY_HOST', 'PAYGATE_PROXY_PORT', 'PAYGATE_CERTS_DIR', 'PAYGATE_ACCOUNT_KEY', 'PAYGATE_MASTER_KEY', 'PAYGATE_CHAIN_RPC_URL', 'PAYGATE_UPSTREAM_CA_FILE']
+  const names = KEYS.map((k) => envName(k.path))
+  for (const n of required) t.ok(names.includes(n), n)
+})
+
+t.test('default.json and the key table describe the same keys', async (t) => {
+  const flat: string[] = []
+  const walk = (o: Record<string, unknown>, p: string): void => {
+    for (const [k, v] of Object.entries(o)) {
+      const path = p ? `${p}.${k}` : k
+      if (v && typeof v === 'object') walk(v as Record<string, unknown>, path)
+      else flat.push(path)
+    }
+  }
+  walk(defaults as Record<string, unknown>, '')
+  t.same(flat.sort(), KEYS.map((k) => k.path).sort())
+})
+
+t.test('precedence: default < file < env < flag', async (t) => {
+  const dir = tempDir()
+  const file = join(dir, 'c.json')
+  writeFileSync(file, JSON.stringify({ api: { port: 1111, host: '0.0.0.0' }, log: { level: 'warn' } }))
+  const { config: a } = loadConfig({ env: { PAYGATE_CONFIG: file }, cwd: dir })
+  t.equal(a.api.port, 1111)
+  t.equal(a.api.host, '0.0.0.0')
+  t.equal(a.proxy.port, 8402, 'default kept')
+  t.equal(a.dataDir, join(dir, 'data'), 'paths resolve against the working directory')
+  const { config: b } = loadConfig({ env: { PAYGATE_CONFIG: file, PAYGATE_API_PORT: '2222' }, cwd: dir })
+  t.equal(b.api.port, 2222)
+  const { config: c } = loadConfig({ env: { PAYGATE_CONFIG: file, PAYGATE_API_PORT: '2222' }, argv: ['--api-port', '0', '--log.level=debug'], cwd: dir })
+  t.equal(c.api.port, 0)
+  t.equal(c.log.level, 'debug')
+  const { config: d } = loadConfig({ argv: ['--config', file], cwd: dir })
+  t.equal(d.api.port, 1111, '--config names the file too')
+})
+
+t.test('bad values stop the start naming key, value and what is allowed', async (t) => {
+  const check = (input: Parameters<typeof loadConfig>[0], ...want: RegExp[]): void => {
+    try {
+      loadConfig(input)
+      t.fail('expected an error')
+    } catch (e) {
+      const msg = (e as Error).message
+      for (const w of want) t.match(msg, w)
+    }
+  }
+  check({ env: { PAYGATE_API_PORT: '70000' } }, /api\.port = "70000"/, /PAYGATE_API_PORT/, /integer port 0-65535/)
+  check({ env: { PAYGATE_LOG_LEVEL: 'loud' } }, /log\.level = "loud"/, /one of trace, debug/)
+  check({ env: { PAYGATE_CHAIN_RPC_URL: 'not a url' } }, /chain\.rpcUrl/, /http\(s\) or ws\(s\) URL/)
+  check({ argv: ['--api-host', 'bad host!'] }, /api\.host/, /--api-host/, /hostname or IP/)
+  check({ env: { PAYGATE_ACCOUNT_KEY: 'rp_live_short' } }, /accountKey = <redacted, 13 characters>/, /rp_live_ followed by at least 32/)
+  check({ env: { PAYGATE_MASTER_KEY: 'secretvalue' } }, /masterKey = <redacted/)
+  check({ env: { PAYGATE_API_RATE_LIMIT_PER_MINUTE: '0' } }, /api\.rateLimit\.perMinute = "0"/, /integer from 1/)
+  const dir = tempDir()
+  writeFileSync(join(dir, 'c.json'), JSON.stringify({ api: { prot: 1 } }))
+  check({ env: { PAYGATE_CONFIG: join(dir, 'c.json') } }, /api\.prot .* is not a known configuration key/)
+  writeFileSync(join(dir, 'bad.json'), '{nope')
+  check({ env: { PAYGATE_CONFIG: join(dir, 'bad.json') } }, /not valid JSON/)
+  check({ argv: ['--api-port'] }, /needs a value/)
+  // A secret's value never appears in the message.
+  try {
+    loadConfig({ env: { PAYGATE_MASTER_KEY: 'supersecretmaterial' } })
+  } catch (e) {
+    t.notMatch((e as Error).message, /supersecretmaterial/)
+  }
+})
+
+t.test('valid secrets and optional keys', async (t) => {
+  const { config } = loadConfig({
+    env: { PAYGATE_ACCOUNT_KEY: 'rp_live_' + 'a'.repeat(32), PAYGATE_MASTER_KEY: 'ab'.repeat(32), PAYGATE_CHAIN_RPC_URL: '' },
+  })
+  t.equal(config.accountKey, 'rp_live_' + 'a'.repeat(32))
+  t.equal(config.chain.rpcUrl, null, 'empty means unset')
+  const b64 = Buffer.alloc(32, 7).toString('base64')
+  t.equal(loadConfig({ env: { PAYGATE_MASTER_KEY: b64 } }).config.masterKey, b64)
+})
