@@ -2,24 +2,26 @@
 pragma solidity ^0.8.37;
 
 /// @title PaymentLedger
-/// @notice Append-only, at-most-once record of Paygate payments. Storage keeps only a
-///         digest of each entry plus its amount, depth and timestamp; the strings travel
-///         in the PaymentRecorded event. No full URL is ever stored: `origin` is
+/// @notice Append-only, at-most-once record of Paygate payments. Storage keeps one slot
+///         per entry (a 160-bit digest of all fields, the timestamp and the depth); the
+///         fields themselves travel in the PaymentRecorded event. No full URL is ever stored: `origin` is
 ///         scheme://host[:port] (checked here) and `pathHash` is the keccak256 of the path
 ///         (computed by the caller).
 contract PaymentLedger {
-    /// @notice What is stored per id (two storage slots).
-    /// @dev digest = keccak256(abi.encode(id, parentTxHash, keccak256(agentId), amount,
-    ///      keccak256(protocol), keccak256(origin), pathHash, depth)), see digestOf.
+    /// @notice What is stored per id: one storage slot.
+    /// @dev digest = bytes20(keccak256(abi.encode(id, parentTxHash, keccak256(agentId),
+    ///      amount, keccak256(protocol), keccak256(origin), pathHash, depth))), see digestOf.
+    ///      It lets a reader reconcile its own copy of an entry (including the amount)
+    ///      with one call; the amount itself is in the event.
     struct Entry {
-        bytes32 digest;
-        uint128 amount;
+        bytes20 digest;
         uint64 timestamp;
         uint32 depth;
     }
 
     address public owner;
-    uint256 public count;
+    /// @dev count + 1, so that the first record() does not pay for a zero-to-nonzero write.
+    uint256 private _countPlusOne = 1;
     mapping(address account => bool) public isRecorder;
     mapping(bytes32 id => Entry) private _entries;
 
@@ -43,7 +45,6 @@ contract PaymentLedger {
     error ZeroAddress();
     error ZeroId();
     error AlreadyRecorded(bytes32 id);
-    error AmountTooLarge();
     error OriginNotBare();
 
     constructor() {
@@ -89,19 +90,18 @@ contract PaymentLedger {
     ) external {
         if (!isRecorder[msg.sender]) revert NotRecorder();
         if (id == bytes32(0)) revert ZeroId();
-        if (amount > type(uint128).max) revert AmountTooLarge();
-        Entry storage entry = _entries[id];
-        if (entry.digest != bytes32(0)) revert AlreadyRecorded(id);
+        if (_entries[id].digest != bytes20(0)) revert AlreadyRecorded(id);
         _requireBareOrigin(origin);
 
         bytes32 agentIdHash = keccak256(bytes(agentId));
-        entry.digest = _digest(id, parentTxHash, agentIdHash, amount, protocol, origin, pathHash, depth);
         uint64 timestamp = uint64(block.timestamp);
-        entry.amount = uint128(amount);
-        entry.timestamp = timestamp;
-        entry.depth = depth;
+        _entries[id] = Entry({
+            digest: _digest(id, parentTxHash, agentIdHash, amount, protocol, origin, pathHash, depth),
+            timestamp: timestamp,
+            depth: depth
+        });
         unchecked {
-            ++count;
+            ++_countPlusOne;
         }
         emit PaymentRecorded(
             id, parentTxHash, agentIdHash, agentId, amount, protocol, origin, pathHash, depth, timestamp
@@ -109,7 +109,14 @@ contract PaymentLedger {
     }
 
     function recorded(bytes32 id) external view returns (bool) {
-        return _entries[id].digest != bytes32(0);
+        return _entries[id].digest != bytes20(0);
+    }
+
+    /// @notice How many entries were recorded.
+    function count() external view returns (uint256) {
+        unchecked {
+            return _countPlusOne - 1;
+        }
     }
 
     /// @notice The stored entry; all zero for an unknown id.
@@ -127,7 +134,7 @@ contract PaymentLedger {
         string calldata origin,
         bytes32 pathHash,
         uint32 depth
-    ) external pure returns (bytes32) {
+    ) external pure returns (bytes20) {
         return _digest(id, parentTxHash, keccak256(bytes(agentId)), amount, protocol, origin, pathHash, depth);
     }
 
@@ -140,8 +147,8 @@ contract PaymentLedger {
         string calldata origin,
         bytes32 pathHash,
         uint32 depth
-    ) private pure returns (bytes32) {
-        return keccak256(
+    ) private pure returns (bytes20) {
+        return bytes20(keccak256(
             abi.encode(
                 id,
                 parentTxHash,
@@ -152,36 +159,39 @@ contract PaymentLedger {
                 pathHash,
                 depth
             )
-        );
+        ));
     }
 
-    /// @dev Rejects anything that is more than scheme://host[:port]: a '/' other than the
-    ///      "//" right after the first ':', and any '?', '#', at sign (userinfo), space,
-    ///      control or non-ASCII byte. The empty string (invocation roots) is allowed.
+    /// @dev Bytes never allowed in an origin: controls and space (0x00-0x20), '#', '?',
+    ///      at sign (userinfo), DEL and non-ASCII (0x7f-0xff). Bit c set = byte c forbidden.
+    ///      = ((1 << 0x21) - 1) | (1 << 0x23) | (1 << 0x3f) | (1 << 0x40) | (~0 << 0x7f)
+    uint256 private constant _FORBIDDEN_ORIGIN_BYTES =
+        0xffffffffffffffffffffffffffffffff800000000000000180000009ffffffff;
+
+    /// @dev Rejects anything that is more than scheme://host[:port]: a forbidden byte (see
+    ///      above) or a '/' other than the "//" right after the first ':'. The empty string
+    ///      (invocation roots) is allowed. Costs roughly 125 gas per byte.
     function _requireBareOrigin(string calldata origin) private pure {
-        uint256 length = bytes(origin).length;
-        uint256 offset;
+        bool bad;
         assembly ("memory-safe") {
-            offset := origin.offset
-        }
-        uint256 slashes; // how many of the two "//" slashes were seen
-        uint256 prev; // previous byte
-        for (uint256 i; i < length; ) {
-            uint256 c;
-            assembly ("memory-safe") {
-                c := byte(0, calldataload(add(offset, i)))
-            }
-            if (c == 0x2f) {
-                // '/': only "scheme:" "/" "/"
-                if (slashes == 0 ? prev != 0x3a : (slashes == 1 ? prev != 0x2f : true)) revert OriginNotBare();
-                ++slashes;
-            } else if (c <= 0x20 || c == 0x3f || c == 0x23 || c == 0x40 || c >= 0x7f) {
-                revert OriginNotBare();
-            }
-            prev = c;
-            unchecked {
-                ++i;
+            let start := origin.offset
+            let end := add(start, origin.length)
+            let slashes := 0
+            for { let p := start } lt(p, end) { p := add(p, 1) } {
+                let c := byte(0, calldataload(p))
+                if and(shr(c, _FORBIDDEN_ORIGIN_BYTES), 1) { bad := 1 }
+                if eq(c, 0x2f) {
+                    // '/': allowed only as ':' '/' '/'
+                    let prev := 0
+                    if gt(p, start) { prev := byte(0, calldataload(sub(p, 1))) }
+                    switch slashes
+                    case 0 { if iszero(eq(prev, 0x3a)) { bad := 1 } }
+                    case 1 { if iszero(eq(prev, 0x2f)) { bad := 1 } }
+                    default { bad := 1 }
+                    slashes := add(slashes, 1)
+                }
             }
         }
+        if (bad) revert OriginNotBare();
     }
 }
