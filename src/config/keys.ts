@@ -3,7 +3,7 @@
  * Environment names and CLI flags are derived by one rule (see envName/flagName), so
  * `chain.rpcUrl` is `PAYGATE_CHAIN_RPC_URL` and `--chain-rpc-url`.
  */
-export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret'
+export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount'
 
 export interface KeySpec {
   path: string
@@ -61,6 +61,27 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'proxy.host', kind: 'host', doc: 'Address the forward-proxy port binds to.' },
   { path: 'proxy.port', kind: 'port', doc: 'Forward-proxy port. 0 picks a free port.' },
   { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },
+  { path: 'chain.chainId', kind: 'int', min: 1, max: 2 ** 48, doc: 'Chain id. The embedded chain uses it (84532 lets x402 v1 packages settle on it as `base-sepolia`); an external chain must report it.' },
+  {
+    path: 'chain.network',
+    kind: 'string',
+    optional: true,
+    check: (v) => (/^[a-z0-9][a-z0-9:_-]{0,63}$/.test(v) ? null : 'a network name such as base-mainnet (lower case, digits, - _ :)'),
+    doc: 'Network name shown in wallets and `/v1/chain` (`<chain>-mainnet` style). Unset: `paygate-devnet` on the embedded chain, else derived from the chain id.',
+  },
+  { path: 'chain.token', kind: 'address', optional: true, doc: 'USDC (EIP-3009) token address on an external chain. Required with `chain.rpcUrl`; the embedded chain deploys its own.' },
+  { path: 'chain.ledger', kind: 'address', optional: true, doc: 'PaymentLedger address on an external chain (deploy one with `paygate deploy-ledger`). Required with `chain.rpcUrl`.' },
+  {
+    path: 'chain.signerKey',
+    kind: 'secret',
+    optional: true,
+    check: (v) => (/^0x[0-9a-fA-F]{64}$/.test(v) ? null : 'a 0x-prefixed 32-byte hex private key'),
+    doc: 'Service signer key that pays gas for ledger records on an external chain. Unset: one is generated and stored encrypted under the master key (its address is printed so you can fund it).',
+  },
+  { path: 'chain.rpcHost', kind: 'host', doc: 'Address the embedded chain serves JSON-RPC on (keep it on loopback).' },
+  { path: 'chain.rpcPort', kind: 'port', doc: "Port of the embedded chain's JSON-RPC. 0 picks a free port; `GET /v1/chain` shows the URL." },
+  { path: 'faucet.usdc', kind: 'amount', doc: 'Embedded chain only (dev faucet): USDC minted to each new wallet and per `POST /v1/wallets/<id>/faucet`.' },
+  { path: 'faucet.gasEth', kind: 'amount', doc: 'Embedded chain only (dev faucet): native gas balance (ETH) given to each new wallet.' },
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
   { path: 'shutdown.graceMs', kind: 'int', min: 0, max: 600_000, doc: 'On SIGINT/SIGTERM, how long in-flight requests may finish before connections are closed.' },

@@ -11,7 +11,18 @@ export interface Config {
   masterKey: string | null
   api: { host: string; port: number; maxBodyBytes: number; rateLimit: { perMinute: number; burst: number } }
   proxy: { host: string; port: number }
-  chain: { rpcUrl: string | null }
+  chain: {
+    rpcUrl: string | null
+    chainId: number
+    network: string | null
+    token: `0x${string}` | null
+    ledger: `0x${string}` | null
+    signerKey: `0x${string}` | null
+    rpcHost: string
+    rpcPort: number
+  }
+  /** Dev faucet amounts as decimal strings (USDC, ETH). */
+  faucet: { usdc: string; gasEth: string }
   upstream: { caFile: string | null }
   log: { level: string }
   shutdown: { graceMs: number }
@@ -138,6 +149,12 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
         }
       }
       return [undefined, 'an http(s) or ws(s) URL']
+    }
+    case 'address':
+      return typeof v === 'string' && /^0x[0-9a-fA-F]{40}$/.test(v) ? [v, null] : [undefined, 'a 0x-prefixed 20-byte hex address']
+    case 'amount': {
+      const str = typeof v === 'number' ? String(v) : typeof v === 'string' ? v.trim() : ''
+      return /^\d+(\.\d{1,18})?$/.test(str) ? [str, null] : [undefined, 'a non-negative decimal amount, e.g. 100 or 0.5']
     }
     case 'path':
       return typeof v === 'string' ? [resolve(cwd, v), null] : [undefined, 'a file system path']

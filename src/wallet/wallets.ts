@@ -1,0 +1,87 @@
+import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from 'viem/accounts'
+import type { Registry } from '../agents/registry.js'
+import { PaygateError, notFound } from '../errors/index.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+import type { Keystore } from './keystore.js'
+
+export interface WalletRecord {
+  agentId: string
+  address: `0x${string}`
+  /** The secp256k1 private key, AES-256-GCM under the master key. */
+  encryptedKey: string
+  createdAt: string
+}
+
+const context = (agentId: string, address: string): string => `wallet:${agentId}:${address.toLowerCase()}`
+
+/**
+ * One wallet per agent: a fresh secp256k1 key, stored encrypted. Deleting an agent moves
+ * its wallet to an archive (keyed by address) instead of destroying a key that may hold
+ * funds. Decrypted signing accounts are kept in memory for the payment hot path.
+ */
+export class Wallets {
+  private readonly wallets: Collection<WalletRecord>
+  private readonly archive: Collection<WalletRecord>
+  private readonly accounts = new Map<string, PrivateKeyAccount>()
+
+  constructor(
+    private readonly store: Store,
+    private readonly registry: Registry,
+    private readonly keystore: Keystore,
+    private readonly clock: Clock,
+  ) {
+    this.wallets = store.collection('wallets')
+    this.archive = store.collection('walletArchive')
+    registry.onAgentDelete(async (agentId): Promise<BatchOp[]> => {
+      const w = await this.wallets.get(agentId)
+      if (!w) return []
+      this.accounts.delete(agentId)
+      return [
+        { type: 'del', coll: this.wallets, key: agentId },
+        { type: 'put', coll: this.archive, key: `${w.address.toLowerCase()}`, value: w },
+      ]
+    })
+  }
+
+  async create(agentId: string): Promise<WalletRecord> {
+    return this.registry.withAgent(agentId, async () => {
+      if (await this.wallets.get(agentId)) throw new PaygateError('conflict', `agent ${agentId} already has a wallet`)
+      const pk = generatePrivateKey()
+      const account = privateKeyToAccount(pk)
+      const rec: WalletRecord = {
+        agentId,
+        address: account.address,
+        encryptedKey: this.keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), context(agentId, account.address)),
+        createdAt: new Date(this.clock.now()).toISOString(),
+      }
+      await this.wallets.put(agentId, rec)
+      this.accounts.set(agentId, account)
+      return rec
+    })
+  }
+
+  async get(agentId: string): Promise<WalletRecord | undefined> {
+    return this.wallets.get(agentId)
+  }
+
+  /** The agent's wallet, or 404 naming what is missing (the agent, or its wallet). */
+  async require(agentId: string): Promise<WalletRecord> {
+    const w = await this.wallets.get(agentId)
+    if (w) return w
+    await this.registry.requireAgent(agentId)
+    throw notFound(`a wallet for agent ${agentId}`)
+  }
+
+  /** The agent's signing account (viem), decrypted once and cached. */
+  async account(agentId: string): Promise<PrivateKeyAccount> {
+    const hit = this.accounts.get(agentId)
+    if (hit) return hit
+    const w = await this.require(agentId)
+    const pk = this.keystore.decrypt(w.encryptedKey, context(agentId, w.address))
+    const account = privateKeyToAccount(`0x${pk.toString('hex')}`)
+    if (account.address !== w.address) throw new PaygateError('internal_error', `stored wallet key of ${agentId} does not match its address`)
+    this.accounts.set(agentId, account)
+    return account
+  }
+}
