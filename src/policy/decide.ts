@@ -1,0 +1,58 @@
+import { formatUnits } from '../util/money.js'
+import { matchesAny } from './domains.js'
+import { RATE_WINDOWS, type StoredPolicy } from './model.js'
+import { heldAmount, paymentsWithin, usedToday, type UsageState } from './usage.js'
+
+export type PolicyReason = 'domain_blocked' | 'domain_not_allowed' | 'per_call_limit_exceeded' | 'rate_limit_exceeded' | 'daily_budget_exceeded'
+
+export type Decision = { ok: true } | { ok: false; reason: PolicyReason; detail: string }
+
+/** The documented order in which policy checks run; the first that fails decides. */
+export const CHECK_ORDER: readonly PolicyReason[] = [
+  'domain_blocked',
+  'domain_not_allowed',
+  'per_call_limit_exceeded',
+  'rate_limit_exceeded',
+  'daily_budget_exceeded',
+]
+
+const usd = (units: bigint): string => `${formatUnits(units)} USDC`
+
+/**
+ * Decide whether a payment of `amount` base units to `host` may go ahead, before anything
+ * is signed. Pure: the policy, the usage (with in-flight holds counted as spend and as
+ * payments) and the clock reading come in as data.
+ */
+export function decide(policy: StoredPolicy, usage: UsageState, req: { host: string; amount: bigint }, now: number): Decision {
+  const { host, amount } = req
+  if (matchesAny(policy.blockedDomains, host)) return { ok: false, reason: 'domain_blocked', detail: `${host} is in blockedDomains` }
+  if (policy.allowedDomains && !matchesAny(policy.allowedDomains, host)) {
+    return { ok: false, reason: 'domain_not_allowed', detail: `${host} is not in allowedDomains` }
+  }
+  if (policy.perCallLimit !== undefined && amount > BigInt(policy.perCallLimit)) {
+    return { ok: false, reason: 'per_call_limit_exceeded', detail: `payment of ${usd(amount)} exceeds the per-call limit of ${usd(BigInt(policy.perCallLimit))}` }
+  }
+  if (policy.rateLimit) {
+    const inFlight = usage.holds?.length ?? 0
+    const made = paymentsWithin(usage, now, RATE_WINDOWS[policy.rateLimit.window]) + inFlight
+    if (made >= policy.rateLimit.calls) {
+      return {
+        ok: false,
+        reason: 'rate_limit_exceeded',
+        detail: `${made} payments in the last ${policy.rateLimit.window} reach the limit of ${policy.rateLimit.calls}`,
+      }
+    }
+  }
+  if (policy.dailyBudget !== undefined) {
+    const budget = BigInt(policy.dailyBudget)
+    const used = usedToday(usage, now) + heldAmount(usage)
+    if (used + amount > budget) {
+      return {
+        ok: false,
+        reason: 'daily_budget_exceeded',
+        detail: `payment of ${usd(amount)} with ${usd(used)} used would exceed the daily budget of ${usd(budget)}`,
+      }
+    }
+  }
+  return { ok: true }
+}
