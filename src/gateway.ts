@@ -6,12 +6,17 @@ import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
 import { healthRoutes } from './api/routes/health.js'
 import { policyRoutes } from './api/routes/policies.js'
+import { walletRoutes } from './api/routes/wallets.js'
+import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import type { Config } from './config/load.js'
 import type { Logger } from './log/index.js'
 import { PolicyStore } from './policy/store.js'
 import { Store } from './store/index.js'
 import { systemClock, type Clock } from './util/clock.js'
+import { Keystore } from './wallet/keystore.js'
+import { WalletService } from './wallet/service.js'
+import { Wallets } from './wallet/wallets.js'
 
 export interface GatewayOptions {
   log: Logger
@@ -23,6 +28,8 @@ export interface Gateway {
   readonly store: Store
   readonly registry: Registry
   readonly policies: PolicyStore
+  readonly chain: Chain
+  readonly wallets: WalletService
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** First-start account key bootstrap: where the key file is, and the key when just created. */
@@ -57,15 +64,23 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   const clock = opts.clock ?? systemClock
   const log = opts.log
   const store = await Store.open(config.dataDir)
+  let chain: Chain | undefined
   try {
     const registry = new Registry(store, clock, config.accountKey)
     const policies = new PolicyStore(store, registry, clock)
     const accountKey = await registry.bootstrapAccountKey(config.dataDir)
+    const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+    chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log })
+    const wallets = new WalletService(new Wallets(store, registry, keystore, clock), chain, faucetAmounts(config.faucet), log)
 
     const router = new Router().add(
-      ...healthRoutes([{ name: 'store', check: async () => store.status === 'open' }]),
+      ...healthRoutes([
+        { name: 'store', check: async () => store.status === 'open' },
+        { name: 'chain', check: async () => (await chain!.blockNumber()) >= 0n },
+      ]),
       ...agentRoutes(registry),
       ...policyRoutes(policies),
+      ...walletRoutes(wallets, chain),
     )
     const api = createApiServer({
       router,
@@ -82,15 +97,19 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       store,
       registry,
       policies,
+      chain,
+      wallets,
       apiUrl: urlOf(addr),
       accountKey,
       close: () =>
         (closing ??= (async () => {
           await closeServer(api, config.shutdown.graceMs)
+          await chain!.close()
           await store.close()
         })()),
     }
   } catch (e) {
+    await chain?.close()
     await store.close()
     throw e
   }

@@ -1,19 +1,51 @@
-import { loadConfig } from './config/load.js'
-import { isPaygateError } from './errors/index.js'
+import { deployExternal } from './chain/chain.js'
+import { loadConfig, type Config } from './config/load.js'
+import { PaygateError, isPaygateError } from './errors/index.js'
 import { startGateway } from './gateway.js'
 import { createLogger } from './log/index.js'
+import { Store } from './store/index.js'
+import { Keystore } from './wallet/keystore.js'
+
+const USAGE = `usage: paygate [command] [--flags]
+  start                         start the gateway (default)
+  deploy-ledger [--with-token]  deploy a PaymentLedger (and a dev USDC token) on chain.rpcUrl
+                                with the service signer; prints the addresses as JSON
+flags: every configuration key, e.g. --api-port 0 --chain-rpc-url http://… (see README)`
+
+/** `paygate deploy-ledger`: uses the data directory's stored signer unless chain.signerKey is set. */
+async function deployLedger(config: Config, withToken: boolean): Promise<void> {
+  const store = await Store.open(config.dataDir)
+  try {
+    const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+    const out = await deployExternal(config, { meta: store.collection('chain'), keystore }, { token: withToken })
+    process.stdout.write(`${JSON.stringify(out)}\n`)
+  } finally {
+    await store.close()
+  }
+}
 
 /** `paygate [start] [--flags]`: start the gateway and run until SIGINT/SIGTERM. */
 async function main(): Promise<void> {
   const { config, positional } = loadConfig({ argv: process.argv.slice(2), env: process.env })
   const command = positional[0] ?? 'start'
-  if (command !== 'start') {
-    process.stderr.write(`paygate: unknown command ${JSON.stringify(command)} (commands: start)\n`)
-    process.exit(2)
+  if (command === 'deploy-ledger') {
+    const extra = positional.slice(1).filter((a) => a !== '--with-token')
+    if (extra.length) throw new PaygateError('invalid_config', `unknown argument ${extra[0]}\n${USAGE}`)
+    return deployLedger(config, positional.includes('--with-token'))
+  }
+  if (command === 'help' || command === '--help') {
+    process.stdout.write(`${USAGE}\n`)
+    return
+  }
+  if (command !== 'start' || positional.length > 1) {
+    throw new PaygateError('invalid_config', `unknown command or argument ${JSON.stringify(positional.slice(command === 'start' ? 1 : 0)[0])}\n${USAGE}`)
   }
   const log = createLogger(config.log.level)
   const gw = await startGateway(config, { log })
-  log.info({ api: gw.apiUrl, dataDir: config.dataDir, accountKeyFile: gw.accountKey.file }, 'paygate started')
+  log.info(
+    { api: gw.apiUrl, dataDir: config.dataDir, accountKeyFile: gw.accountKey.file, chainRpc: gw.chain.info.rpcUrl, network: gw.chain.info.network },
+    'paygate started',
+  )
   if (gw.accountKey.created) {
     log.info({ accountKeyFile: gw.accountKey.file }, 'created the account key on first start; it is in the account key file (mode 0600)')
     // The key itself goes only to a person at a terminal, never into a log file or pipe.

@@ -17,7 +17,7 @@ export interface GatewayProcess {
 export async function spawnGateway(env: Record<string, string>, args: string[] = []): Promise<GatewayProcess> {
   const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', ...env },
+    env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   const stdout: string[] = []

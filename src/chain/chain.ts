@@ -1,0 +1,276 @@
+import {
+  getAddress,
+  createPublicClient,
+  createWalletClient,
+  custom,
+  http,
+  webSocket,
+  type Chain as ViemChain,
+  type Hex,
+  type PublicClient,
+  type Transport,
+  type WalletClient,
+} from 'viem'
+import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from 'viem/accounts'
+import { join } from 'node:path'
+import type { Config } from '../config/load.js'
+import { PaygateError } from '../errors/index.js'
+import type { Logger } from '../log/index.js'
+import type { Collection } from '../store/index.js'
+import { parseDecimal } from '../util/money.js'
+import { KeyedMutex } from '../util/mutex.js'
+import type { Keystore } from '../wallet/keystore.js'
+import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
+import { startDevnet, type Devnet } from './devnet.js'
+
+export type Address = `0x${string}`
+
+export interface ChainInfo {
+  network: string
+  chainId: number
+  rpcUrl: string
+  token: Address
+  ledger: Address
+}
+
+interface Deployment {
+  token: Address
+  ledger: Address
+  deployedAt: string
+}
+
+const SIGNER_CONTEXT = 'chain-signer'
+const EMBEDDED_NETWORK = 'paygate-devnet'
+/** Names for well-known chain ids; anything else is `evm-<id>`. */
+const KNOWN_NETWORKS: Record<number, string> = {
+  1: 'ethereum-mainnet',
+  8453: 'base-mainnet',
+  84532: 'base-sepolia',
+  10: 'optimism-mainnet',
+  42161: 'arbitrum-mainnet',
+  137: 'polygon-mainnet',
+}
+
+export const networkNameFor = (chainId: number): string => KNOWN_NETWORKS[chainId] ?? `evm-${chainId}`
+
+export function viemChain(chainId: number, name: string, rpcUrl: string): ViemChain {
+  return {
+    id: chainId,
+    name,
+    nativeCurrency: { name: 'Ether', symbol: 'ETH', decimals: 18 },
+    rpcUrls: { default: { http: [rpcUrl] } },
+  }
+}
+
+function transportFor(url: string): Transport {
+  return url.startsWith('ws') ? webSocket(url) : http(url, { batch: false, retryCount: 2 })
+}
+
+/**
+ * The settlement chain (viem lives here and in wallet/): the embedded devnet by default,
+ * or an external chain by config. Owns the service signer (gas for ledger records and the
+ * dev faucet) and the token and ledger contracts.
+ */
+export class Chain {
+  private readonly sendLock = new KeyedMutex()
+
+  private constructor(
+    readonly info: ChainInfo,
+    readonly embedded: boolean,
+    readonly publicClient: PublicClient,
+    readonly walletClient: WalletClient,
+    readonly signer: PrivateKeyAccount,
+    private readonly devnet: Devnet | null,
+  ) {}
+
+  static async start(config: Config, deps: { meta: Collection<unknown>; keystore: Keystore; log: Logger }): Promise<Chain> {
+    const { meta, keystore, log } = deps
+    const c = config.chain
+    let devnet: Devnet | null = null
+    let transport: Transport
+    let rpcUrl: string
+    if (c.rpcUrl) {
+      rpcUrl = c.rpcUrl
+      transport = transportFor(rpcUrl)
+      if (!c.token || !c.ledger) {
+        throw new PaygateError(
+          'invalid_config',
+          'with chain.rpcUrl, set chain.token (PAYGATE_CHAIN_TOKEN) and chain.ledger (PAYGATE_CHAIN_LEDGER); `paygate deploy-ledger` deploys a ledger',
+        )
+      }
+    } else {
+      devnet = await startDevnet({
+        dataDir: join(config.dataDir, 'chain'),
+        chainId: c.chainId,
+        host: c.rpcHost,
+        port: c.rpcPort,
+        log: (msg, fields) => log.info({ component: 'devnet', ...fields }, msg),
+      })
+      rpcUrl = devnet.rpcUrl
+      transport = custom({ request: (args) => devnet!.request(args as { method: string; params?: unknown[] }) })
+    }
+    try {
+      const network = c.network ?? (devnet ? EMBEDDED_NETWORK : networkNameFor(c.chainId))
+      const chain = viemChain(c.chainId, network, rpcUrl)
+      const pollingInterval = devnet ? 20 : 1000
+      const publicClient = createPublicClient({ chain, transport, pollingInterval }) as PublicClient
+      const reported = await publicClient.getChainId().catch((e: unknown) => {
+        throw new PaygateError('invalid_config', `chain at ${rpcUrl} does not answer: ${(e as Error).message.split('\n')[0]}`)
+      })
+      if (reported !== c.chainId) {
+        throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${rpcUrl} reports ${reported}`)
+      }
+      const signer = await loadSigner(c.signerKey, meta, keystore)
+      const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval })
+
+      let deployment: Deployment
+      if (devnet) {
+        await setNativeBalance(publicClient, signer.address, 10n ** 24n)
+        deployment = await embeddedDeployment(publicClient, walletClient, signer, meta, c.chainId, log)
+      } else {
+        deployment = { token: c.token!, ledger: c.ledger!, deployedAt: '' }
+        for (const [name, addr] of [['chain.token', c.token!], ['chain.ledger', c.ledger!]] as const) {
+          const code = await publicClient.getCode({ address: addr })
+          if (!code || code === '0x') throw new PaygateError('invalid_config', `${name} = ${addr}: no contract there on chain ${c.chainId}`)
+        }
+        const recorder = await publicClient.readContract({ address: c.ledger!, abi: paymentLedgerAbi, functionName: 'isRecorder', args: [signer.address] })
+        if (!recorder) log.warn({ signer: signer.address, ledger: c.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
+      }
+      const info: ChainInfo = { network, chainId: c.chainId, rpcUrl, token: deployment.token, ledger: deployment.ledger }
+      log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
+      return new Chain(info, !!devnet, publicClient, walletClient, signer, devnet)
+    } catch (e) {
+      await devnet?.close()
+      throw e
+    }
+  }
+
+  async blockNumber(): Promise<bigint> {
+    return this.publicClient.getBlockNumber({ cacheTime: 0 })
+  }
+
+  async balanceOf(address: Address): Promise<bigint> {
+    return this.publicClient.readContract({ address: this.info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [address] })
+  }
+
+  /** Dev faucet (embedded chain only): mint USDC base units and set the native gas balance. */
+  async faucet(to: Address, usdcUnits: bigint, gasWei: bigint): Promise<void> {
+    if (!this.embedded) throw new PaygateError('forbidden', 'the faucet exists only on the embedded dev chain')
+    if (gasWei > 0n) await setNativeBalance(this.publicClient, to, gasWei)
+    if (usdcUnits > 0n) {
+      await this.send((walletClient) =>
+        walletClient.writeContract({
+          address: this.info.token,
+          abi: paygateUsdcAbi,
+          functionName: 'mint',
+          args: [to, usdcUnits],
+          account: this.signer,
+          chain: walletClient.chain,
+        }),
+      )
+    }
+  }
+
+  /** Send one signer transaction at a time (no nonce races) and wait for its receipt. */
+  async send(write: (w: WalletClient) => Promise<Hex>): Promise<Hex> {
+    return this.sendLock.run('signer', async () => {
+      const hash = await write(this.walletClient)
+      const receipt = await this.publicClient.waitForTransactionReceipt({ hash, timeout: 60_000 })
+      if (receipt.status !== 'success') throw new PaygateError('internal_error', `transaction ${hash} reverted`)
+      return hash
+    })
+  }
+
+  async close(): Promise<void> {
+    await this.devnet?.close()
+  }
+}
+
+/** The configured signer, else one generated once and stored encrypted under the master key. */
+async function loadSigner(configured: Hex | null, meta: Collection<unknown>, keystore: Keystore): Promise<PrivateKeyAccount> {
+  if (configured) return privateKeyToAccount(configured)
+  const stored = (await meta.get('signerKey')) as string | undefined
+  if (stored) return privateKeyToAccount(`0x${keystore.decrypt(stored, SIGNER_CONTEXT).toString('hex')}`)
+  const pk = generatePrivateKey()
+  await meta.put('signerKey', keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), SIGNER_CONTEXT))
+  return privateKeyToAccount(pk)
+}
+
+async function setNativeBalance(client: PublicClient, address: Address, wei: bigint): Promise<void> {
+  const params = [address, `0x${wei.toString(16)}`]
+  try {
+    await client.request({ method: 'anvil_setBalance' as never, params: params as never })
+  } catch {
+    await client.request({ method: 'hardhat_setBalance' as never, params: params as never })
+  }
+}
+
+/** Deploy token and ledger once per embedded chain; reuse the stored addresses afterwards. */
+async function embeddedDeployment(
+  publicClient: PublicClient,
+  walletClient: WalletClient,
+  signer: PrivateKeyAccount,
+  meta: Collection<unknown>,
+  chainId: number,
+  log: Logger,
+): Promise<Deployment> {
+  const key = `deployment:${chainId}`
+  const stored = (await meta.get(key)) as Deployment | undefined
+  if (stored) {
+    const code = await publicClient.getCode({ address: stored.token })
+    if (code && code !== '0x') return stored
+    log.warn({ token: stored.token }, 'stored contract addresses have no code on the embedded chain (chain state lost?): deploying again')
+  }
+  const d = await deployContracts(publicClient, walletClient, signer, { token: true })
+  const dep: Deployment = { token: d.token!, ledger: d.ledger, deployedAt: new Date().toISOString() }
+  await meta.put(key, dep)
+  log.info({ token: dep.token, ledger: dep.ledger }, 'deployed token and ledger on the embedded chain')
+  return dep
+}
+
+/** Deploy the ledger (and optionally the dev token) with `signer` as owner and recorder. */
+export async function deployContracts(
+  publicClient: PublicClient,
+  walletClient: WalletClient,
+  signer: PrivateKeyAccount,
+  opts: { token: boolean },
+): Promise<{ token?: Address; ledger: Address }> {
+  const deploy = async (abi: typeof paygateUsdcAbi | typeof paymentLedgerAbi, bytecode: Hex, args: readonly unknown[]): Promise<Address> => {
+    const hash = await walletClient.deployContract({ abi, bytecode, args, account: signer, chain: walletClient.chain } as never)
+    const receipt = await publicClient.waitForTransactionReceipt({ hash, timeout: 120_000 })
+    if (receipt.status !== 'success' || !receipt.contractAddress) throw new PaygateError('internal_error', `deployment ${hash} failed`)
+    return getAddress(receipt.contractAddress)
+  }
+  const token = opts.token ? await deploy(paygateUsdcAbi, bytecodes.PaygateUSDC, [signer.address]) : undefined
+  const ledger = await deploy(paymentLedgerAbi, bytecodes.PaymentLedger, [])
+  return { ...(token ? { token } : {}), ledger }
+}
+
+/**
+ * `paygate deploy-ledger`: deploy a PaymentLedger (and, with `token`, a dev USDC token) on
+ * the external chain named by chain.rpcUrl. The deployer is the service signer (configured,
+ * or the one stored encrypted in this data directory), so it owns the ledger and records.
+ */
+export async function deployExternal(
+  config: Config,
+  deps: { meta: Collection<unknown>; keystore: Keystore },
+  opts: { token: boolean },
+): Promise<{ ledger: Address; token?: Address; signer: Address; chainId: number }> {
+  const c = config.chain
+  if (!c.rpcUrl) throw new PaygateError('invalid_config', 'deploy-ledger needs chain.rpcUrl (PAYGATE_CHAIN_RPC_URL): the embedded chain deploys its own contracts')
+  const transport = transportFor(c.rpcUrl)
+  const chain = viemChain(c.chainId, c.network ?? networkNameFor(c.chainId), c.rpcUrl)
+  const publicClient = createPublicClient({ chain, transport, pollingInterval: 250 }) as PublicClient
+  const reported = await publicClient.getChainId()
+  if (reported !== c.chainId) throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${c.rpcUrl} reports ${reported}`)
+  const signer = await loadSigner(c.signerKey, deps.meta, deps.keystore)
+  const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval: 250 })
+  const d = await deployContracts(publicClient, walletClient, signer, opts)
+  return { ...d, signer: signer.address, chainId: c.chainId }
+}
+
+/** Faucet amounts from config (decimal strings) in base units: USDC 6 decimals, gas 18. */
+export const faucetAmounts = (f: Config['faucet']): { usdc: bigint; gasWei: bigint } => ({
+  usdc: parseDecimal(f.usdc, 6),
+  gasWei: parseDecimal(f.gasEth, 18),
+})
