@@ -1,0 +1,144 @@
+import t from 'tap'
+import { readFileSync, rmSync } from 'node:fs'
+import { join } from 'node:path'
+import { createWalletClient, http } from 'viem'
+import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
+import { startDevnet } from '../../src/chain/devnet.js'
+import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
+import { viemChain } from '../../src/chain/chain.js'
+import { tempDir } from '../helpers/gateway.js'
+import { call, runCli, spawnGateway, type GatewayProcess } from '../helpers/process.js'
+
+const logsOf = (g: GatewayProcess) => g.stdout.map((l) => JSON.parse(l) as Record<string, any>)
+const anvilPidOf = (g: GatewayProcess): number => logsOf(g).find((j) => j.msg === 'anvil started')!.pid as number
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')[1])
+async function goneWithin(pids: number[], ms: number): Promise<boolean> {
+  const end = Date.now() + ms
+  while (Date.now() < end) {
+    if (pids.every((p) => !alive(p))) return true
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  return false
+}
+
+t.test('contracts deployed once; balances and acknowledged changes survive SIGTERM and SIGKILL; no child outlives Paygate', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  const chain1 = (await call(first.url, 'GET', '/v1/chain', acct)).body
+  t.ok(logsOf(first).some((j) => j.msg === 'deployed token and ledger on the embedded chain'))
+  await call(first.url, 'POST', '/v1/agents', acct, { agentId: 'w1' })
+  const w1 = (await call(first.url, 'POST', '/v1/wallets', acct, { agentId: 'w1' })).body
+  await call(first.url, 'POST', '/v1/wallets/w1/faucet', acct, { usdc: 1.5 })
+
+  const anvil1 = anvilPidOf(first)
+  const watchdog1 = parentOf(anvil1)
+  t.equal(await first.stop('SIGTERM'), 0)
+  t.ok(await goneWithin([anvil1, watchdog1], 5000), 'anvil and its watchdog are gone after SIGTERM')
+
+  const second = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  const chain2 = (await call(second.url, 'GET', '/v1/chain', acct)).body
+  t.same([chain2.token, chain2.ledger], [chain1.token, chain1.ledger], 'the same contracts are reused')
+  t.notOk(logsOf(second).some((j) => j.msg === 'deployed token and ledger on the embedded chain'), 'no second deployment')
+  t.ok(chain2.blockNumber >= chain1.blockNumber, 'history kept')
+  t.same((await call(second.url, 'GET', '/v1/wallets/w1', acct)).body, { address: w1.address, network: 'paygate-devnet', balance: { usdc: 1001.5 } })
+
+  // Acknowledged changes right before a SIGKILL.
+  await call(second.url, 'POST', '/v1/agents', acct, { agentId: 'w2' })
+  const w2 = (await call(second.url, 'POST', '/v1/wallets', acct, { agentId: 'w2' })).body
+  for (let i = 0; i < 5; i++) t.equal((await call(second.url, 'POST', '/v1/wallets/w2/faucet', acct, { usdc: 1 })).status, 200)
+  const anvil2 = anvilPidOf(second)
+  const watchdog2 = parentOf(anvil2)
+  t.equal(await second.stop('SIGKILL'), 'SIGKILL')
+  t.ok(await goneWithin([anvil2, watchdog2], 5000), 'anvil and its watchdog are gone after SIGKILL of Paygate')
+
+  const started = Date.now()
+  const third = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  t.teardown(() => third.stop('SIGKILL'))
+  t.ok(Date.now() - started < 15_000, `restart after SIGKILL took ${Date.now() - started} ms`)
+  t.same((await call(third.url, 'GET', '/v1/wallets/w2', acct)).body, { address: w2.address, network: 'paygate-devnet', balance: { usdc: 1005 } }, 'every acknowledged top-up is there')
+  t.equal((await call(third.url, 'GET', '/v1/wallets/w1', acct)).body.balance.usdc, 1001.5)
+  t.equal((await call(third.url, 'GET', '/v1/chain', acct)).body.token, chain1.token)
+})
+
+t.test('a wrong master key refuses to start', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const g = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  await call(g.url, 'POST', '/v1/agents', acct, { agentId: 'm' })
+  await call(g.url, 'POST', '/v1/wallets', acct, { agentId: 'm' })
+  t.equal(await g.stop(), 0)
+  const wrong = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_MASTER_KEY: 'ef'.repeat(32), PAYGATE_API_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0' }, [])
+  t.equal(wrong.code, 2)
+  t.match(wrong.stderr, /master key \(PAYGATE_MASTER_KEY\) cannot decrypt the wallet keys/)
+  t.notMatch(wrong.stderr, /efef/, 'the key is not echoed')
+  t.notMatch(wrong.stderr, /\n\s+at /, 'no stack trace')
+  const right = readFileSync(join(dataDir, 'master-key'), 'utf8').trim()
+  const ok = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_MASTER_KEY: right })
+  t.equal((await call(ok.url, 'GET', '/v1/wallets/m', acct)).status, 200, 'the right key in config works')
+  t.equal(await ok.stop(), 0)
+})
+
+t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not start', async (t) => {
+  const chainDir = tempDir()
+  const dataDir = tempDir()
+  const ext = await startDevnet({ dataDir: chainDir, chainId: 31338, host: '127.0.0.1', port: 0 })
+  t.teardown(async () => {
+    await ext.close()
+    rmSync(chainDir, { recursive: true, force: true })
+    rmSync(dataDir, { recursive: true, force: true })
+  })
+  const signerKey = generatePrivateKey()
+  const signer = privateKeyToAccount(signerKey)
+  await ext.request({ method: 'anvil_setBalance', params: [signer.address, '0x56bc75e2d63100000'] })
+  const base = { PAYGATE_DATA_DIR: dataDir, PAYGATE_CHAIN_RPC_URL: ext.rpcUrl, PAYGATE_CHAIN_CHAIN_ID: '31338', PAYGATE_CHAIN_SIGNER_KEY: signerKey }
+
+  const missing = await runCli({ ...base, PAYGATE_API_PORT: '0' }, [])
+  t.equal(missing.code, 2)
+  t.match(missing.stderr, /set chain\.token .* and chain\.ledger/)
+
+  const dep = await runCli(base, ['deploy-ledger', '--with-token'])
+  t.equal(dep.code, 0, dep.stderr)
+  const addrs = JSON.parse(dep.stdout)
+  t.match(addrs, { ledger: /^0x[0-9a-fA-F]{40}$/, token: /^0x[0-9a-fA-F]{40}$/, signer: signer.address, chainId: 31338 })
+
+  const wrongId = await runCli({ ...base, PAYGATE_CHAIN_CHAIN_ID: '5', PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_API_PORT: '0' }, [])
+  t.equal(wrongId.code, 2)
+  t.match(wrongId.stderr, /chain\.chainId = 5 but the chain at .* reports 31338/)
+
+  const g = await spawnGateway({ ...base, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_CHAIN_NETWORK: 'test-mainnet' })
+  t.teardown(() => g.stop('SIGKILL'))
+  t.notOk(logsOf(g).some((j) => j.msg === 'anvil started'), 'no embedded chain is started')
+  const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  const info = (await call(g.url, 'GET', '/v1/chain', acct)).body
+  t.match(info, { network: 'test-mainnet', chainId: 31338, rpcUrl: ext.rpcUrl, token: addrs.token, ledger: addrs.ledger })
+  await call(g.url, 'POST', '/v1/agents', acct, { agentId: 'x' })
+  const w = await call(g.url, 'POST', '/v1/wallets', acct, { agentId: 'x' })
+  t.same(w.body.network, 'test-mainnet')
+  t.equal((await call(g.url, 'GET', '/v1/wallets/x', acct)).body.balance.usdc, 0, 'no faucet on an external chain')
+  const f = await call(g.url, 'POST', '/v1/wallets/x/faucet', acct, {})
+  t.same([f.status, f.body.error], [403, 'forbidden'])
+
+  // Funds sent on the external chain show in the wallet balance.
+  const chain = viemChain(31338, 'ext', ext.rpcUrl)
+  const wc = createWalletClient({ chain, transport: http(ext.rpcUrl), account: signer })
+  await wc.writeContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'mint', args: [w.body.address, 7_000_000n] })
+  const end = Date.now() + 5000
+  let bal = 0
+  while (Date.now() < end && bal !== 7) {
+    bal = (await call(g.url, 'GET', '/v1/wallets/x', acct)).body.balance.usdc
+    if (bal !== 7) await new Promise((r) => setTimeout(r, 50))
+  }
+  t.equal(bal, 7)
+  t.same((await call(g.url, 'GET', '/readyz', null)).body.checks, { store: true, chain: true })
+})
