@@ -7,6 +7,16 @@ import { agentRoutes } from './api/routes/agents.js'
 import { healthRoutes } from './api/routes/health.js'
 import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
+import { payRoutes } from './api/routes/pay.js'
+import { transactionRoutes } from './api/routes/transactions.js'
+import { LedgerWriter } from './chain/ledger-tx.js'
+import { PaymentEngine } from './engine/engine.js'
+import { Idempotency } from './engine/idempotency.js'
+import { Reconciler } from './engine/reconciler.js'
+import { Upstream } from './engine/upstream.js'
+import { EventBus } from './events/bus.js'
+import { Outbox } from './ledger/outbox.js'
+import { Transactions } from './ledger/transactions.js'
 import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import type { Config } from './config/load.js'
@@ -30,6 +40,10 @@ export interface Gateway {
   readonly policies: PolicyStore
   readonly chain: Chain
   readonly wallets: WalletService
+  readonly engine: PaymentEngine
+  readonly transactions: Transactions
+  readonly outbox: Outbox
+  readonly events: EventBus
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** First-start account key bootstrap: where the key file is, and the key when just created. */
@@ -65,13 +79,26 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   const log = opts.log
   const store = await Store.open(config.dataDir)
   let chain: Chain | undefined
+  let upstream: Upstream | undefined
+  let outbox: Outbox | undefined
+  let reconciler: Reconciler | undefined
   try {
     const registry = new Registry(store, clock, config.accountKey)
     const policies = new PolicyStore(store, registry, clock)
     const accountKey = await registry.bootstrapAccountKey(config.dataDir)
     const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
     chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log })
-    const wallets = new WalletService(new Wallets(store, registry, keystore, clock), chain, faucetAmounts(config.faucet), log)
+    const walletStore = new Wallets(store, registry, keystore, clock)
+    const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
+    const transactions = new Transactions(store)
+    outbox = new Outbox(store, transactions, new LedgerWriter(chain), log)
+    await outbox.start()
+    upstream = new Upstream(config.upstream.caFile, config.pay.timeoutMs)
+    const events = new EventBus()
+    const engine = new PaymentEngine({ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log })
+    reconciler = new Reconciler(engine, transactions, clock, log)
+    reconciler.start()
+    const idempotency = new Idempotency(store, clock, config.pay.idempotencyTtlHours * 3_600_000)
 
     const router = new Router().add(
       ...healthRoutes([
@@ -81,6 +108,8 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       ...agentRoutes(registry),
       ...policyRoutes(policies),
       ...walletRoutes(wallets, chain),
+      ...payRoutes(engine, idempotency),
+      ...transactionRoutes(transactions),
     )
     const api = createApiServer({
       router,
@@ -99,16 +128,26 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       policies,
       chain,
       wallets,
+      engine,
+      transactions,
+      outbox,
+      events,
       apiUrl: urlOf(addr),
       accountKey,
       close: () =>
         (closing ??= (async () => {
           await closeServer(api, config.shutdown.graceMs)
+          await reconciler!.close()
+          await outbox!.close()
+          await upstream!.close()
           await chain!.close()
           await store.close()
         })()),
     }
   } catch (e) {
+    await reconciler?.close()
+    await outbox?.close()
+    await upstream?.close()
     await chain?.close()
     await store.close()
     throw e

@@ -81,6 +81,8 @@ export class Chain {
     readonly walletClient: WalletClient,
     readonly signer: PrivateKeyAccount,
     private readonly devnet: Devnet | null,
+    /** Embedded chain only: owns the dev token and mints for the faucet (never the ledger signer, whose nonces the outbox manages). */
+    private readonly minter: PrivateKeyAccount | null,
   ) {}
 
   static async start(config: Config, deps: { meta: Collection<unknown>; keystore: Keystore; log: Logger }): Promise<Chain> {
@@ -121,12 +123,14 @@ export class Chain {
         throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${rpcUrl} reports ${reported}`)
       }
       const signer = await loadSigner(c.signerKey, meta, keystore)
+      const minter = devnet ? await loadSigner(null, meta, keystore, 'minterKey') : null
       const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval })
 
       let deployment: Deployment
       if (devnet) {
         await setNativeBalance(publicClient, signer.address, 10n ** 24n)
-        deployment = await embeddedDeployment(publicClient, walletClient, signer, meta, c.chainId, log)
+        await setNativeBalance(publicClient, minter!.address, 10n ** 24n)
+        deployment = await embeddedDeployment(publicClient, walletClient, signer, minter!.address, meta, c.chainId, log)
       } else {
         deployment = { token: c.token!, ledger: c.ledger!, deployedAt: '' }
         for (const [name, addr] of [['chain.token', c.token!], ['chain.ledger', c.ledger!]] as const) {
@@ -138,7 +142,7 @@ export class Chain {
       }
       const info: ChainInfo = { network, chainId: c.chainId, rpcUrl, token: deployment.token, ledger: deployment.ledger }
       log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
-      return new Chain(info, !!devnet, publicClient, walletClient, signer, devnet)
+      return new Chain(info, !!devnet, publicClient, walletClient, signer, devnet, minter)
     } catch (e) {
       await devnet?.close()
       throw e
@@ -155,23 +159,24 @@ export class Chain {
 
   /** Dev faucet (embedded chain only): mint USDC base units and set the native gas balance. */
   async faucet(to: Address, usdcUnits: bigint, gasWei: bigint): Promise<void> {
-    if (!this.embedded) throw new PaygateError('forbidden', 'the faucet exists only on the embedded dev chain')
+    if (!this.embedded || !this.minter) throw new PaygateError('forbidden', 'the faucet exists only on the embedded dev chain')
     if (gasWei > 0n) await setNativeBalance(this.publicClient, to, gasWei)
     if (usdcUnits > 0n) {
+      const minter = this.minter
       await this.send((walletClient) =>
         walletClient.writeContract({
           address: this.info.token,
           abi: paygateUsdcAbi,
           functionName: 'mint',
           args: [to, usdcUnits],
-          account: this.signer,
+          account: minter,
           chain: walletClient.chain,
         }),
       )
     }
   }
 
-  /** Send one signer transaction at a time (no nonce races) and wait for its receipt. */
+  /** Send one faucet/admin transaction at a time (no nonce races) and wait for its receipt. */
   async send(write: (w: WalletClient) => Promise<Hex>): Promise<Hex> {
     return this.sendLock.run('signer', async () => {
       const hash = await write(this.walletClient)
@@ -187,12 +192,13 @@ export class Chain {
 }
 
 /** The configured signer, else one generated once and stored encrypted under the master key. */
-async function loadSigner(configured: Hex | null, meta: Collection<unknown>, keystore: Keystore): Promise<PrivateKeyAccount> {
+async function loadSigner(configured: Hex | null, meta: Collection<unknown>, keystore: Keystore, name = 'signerKey'): Promise<PrivateKeyAccount> {
   if (configured) return privateKeyToAccount(configured)
-  const stored = (await meta.get('signerKey')) as string | undefined
-  if (stored) return privateKeyToAccount(`0x${keystore.decrypt(stored, SIGNER_CONTEXT).toString('hex')}`)
+  const context = `${SIGNER_CONTEXT}:${name}`
+  const stored = (await meta.get(name)) as string | undefined
+  if (stored) return privateKeyToAccount(`0x${keystore.decrypt(stored, context).toString('hex')}`)
   const pk = generatePrivateKey()
-  await meta.put('signerKey', keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), SIGNER_CONTEXT))
+  await meta.put(name, keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), context))
   return privateKeyToAccount(pk)
 }
 
@@ -210,6 +216,7 @@ async function embeddedDeployment(
   publicClient: PublicClient,
   walletClient: WalletClient,
   signer: PrivateKeyAccount,
+  tokenOwner: Address,
   meta: Collection<unknown>,
   chainId: number,
   log: Logger,
@@ -221,7 +228,7 @@ async function embeddedDeployment(
     if (code && code !== '0x') return stored
     log.warn({ token: stored.token }, 'stored contract addresses have no code on the embedded chain (chain state lost?): deploying again')
   }
-  const d = await deployContracts(publicClient, walletClient, signer, { token: true })
+  const d = await deployContracts(publicClient, walletClient, signer, { token: true, tokenOwner })
   const dep: Deployment = { token: d.token!, ledger: d.ledger, deployedAt: new Date().toISOString() }
   await meta.put(key, dep)
   log.info({ token: dep.token, ledger: dep.ledger }, 'deployed token and ledger on the embedded chain')
@@ -233,7 +240,7 @@ export async function deployContracts(
   publicClient: PublicClient,
   walletClient: WalletClient,
   signer: PrivateKeyAccount,
-  opts: { token: boolean },
+  opts: { token: boolean; tokenOwner?: Address },
 ): Promise<{ token?: Address; ledger: Address }> {
   const deploy = async (abi: typeof paygateUsdcAbi | typeof paymentLedgerAbi, bytecode: Hex, args: readonly unknown[]): Promise<Address> => {
     const hash = await walletClient.deployContract({ abi, bytecode, args, account: signer, chain: walletClient.chain } as never)
@@ -241,7 +248,7 @@ export async function deployContracts(
     if (receipt.status !== 'success' || !receipt.contractAddress) throw new PaygateError('internal_error', `deployment ${hash} failed`)
     return getAddress(receipt.contractAddress)
   }
-  const token = opts.token ? await deploy(paygateUsdcAbi, bytecodes.PaygateUSDC, [signer.address]) : undefined
+  const token = opts.token ? await deploy(paygateUsdcAbi, bytecodes.PaygateUSDC, [opts.tokenOwner ?? signer.address]) : undefined
   const ledger = await deploy(paymentLedgerAbi, bytecodes.PaymentLedger, [])
   return { ...(token ? { token } : {}), ledger }
 }

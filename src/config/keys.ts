@@ -82,6 +82,8 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'chain.rpcPort', kind: 'port', doc: "Port of the embedded chain's JSON-RPC. 0 picks a free port; `GET /v1/chain` shows the URL." },
   { path: 'faucet.usdc', kind: 'amount', doc: 'Embedded chain only (dev faucet): USDC minted to each new wallet and per `POST /v1/wallets/<id>/faucet`.' },
   { path: 'faucet.gasEth', kind: 'amount', doc: 'Embedded chain only (dev faucet): native gas balance (ETH) given to each new wallet.' },
+  { path: 'pay.timeoutMs', kind: 'int', min: 100, max: 600_000, doc: 'How long one attempt at the target may take (response headers and each body chunk) before it counts as a transient failure.' },
+  { path: 'pay.idempotencyTtlHours', kind: 'int', min: 1, max: 24 * 30, doc: 'How long an idempotency key and its stored result are kept, per agent.' },
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
   { path: 'shutdown.graceMs', kind: 'int', min: 0, max: 600_000, doc: 'On SIGINT/SIGTERM, how long in-flight requests may finish before connections are closed.' },

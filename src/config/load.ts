@@ -23,6 +23,7 @@ export interface Config {
   }
   /** Dev faucet amounts as decimal strings (USDC, ETH). */
   faucet: { usdc: string; gasEth: string }
+  pay: { timeoutMs: number; idempotencyTtlHours: number }
   upstream: { caFile: string | null }
   log: { level: string }
   shutdown: { graceMs: number }

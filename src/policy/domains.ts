@@ -48,3 +48,9 @@ export function matchesEntry(entry: string, host: string): boolean {
 }
 
 export const matchesAny = (entries: readonly string[], host: string): boolean => entries.some((e) => matchesEntry(e, host))
+
+/** The normalised host of a URL, as policies match it. */
+export function domainOf(url: string): string {
+  const host = new URL(url).hostname
+  return normalizeHost(host) ?? host.toLowerCase()
+}

@@ -30,6 +30,11 @@ export class PolicyStore {
     return (await this.usage.get(agentId)) ?? emptyUsage()
   }
 
+  /** A batch op that stores an agent's usage (the engine writes it with its records). */
+  usageOp(agentId: string, u: UsageState): BatchOp {
+    return { type: 'put', coll: this.usage, key: agentId, value: u }
+  }
+
   async view(agentId: string): Promise<Record<string, unknown>> {
     await this.registry.requireAgent(agentId)
     const [p, u] = await Promise.all([this.policyOf(agentId), this.usageOf(agentId)])

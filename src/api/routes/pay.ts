@@ -1,0 +1,130 @@
+import type { PaymentEngine } from '../../engine/engine.js'
+import { Idempotency, requestDigest } from '../../engine/idempotency.js'
+import { readBody } from '../../engine/upstream.js'
+import { PaygateError, invalid } from '../../errors/index.js'
+import { toUsdcNumber } from '../../util/money.js'
+import { validateAgentId } from '../../agents/registry.js'
+import { onlyFields } from '../http.js'
+import { requireAgentAccess, type Reply, type Route } from '../router.js'
+
+const METHODS = new Set(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS'])
+/** Hop-by-hop and transport headers a caller may not set for the target. */
+const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length'])
+const MAX_DATA_BYTES = 10 * 1024 * 1024
+
+interface PayBody {
+  agentId: string
+  url: string
+  method: string
+  headers: Record<string, string>
+  body: Buffer | null
+  idempotencyKey?: string
+  parentTxHash?: string
+}
+
+function parsePay(raw: unknown): PayBody {
+  const b = onlyFields(raw, ['agentId', 'endpoint', 'method', 'headers', 'body', 'idempotencyKey', 'parentTxHash'])
+  if (b.agentId === undefined) throw invalid('agentId', 'agentId is required')
+  const agentId = validateAgentId(b.agentId)
+  if (typeof b.endpoint !== 'string') throw invalid('endpoint', 'endpoint (an http or https URL) is required')
+  let url: URL
+  try {
+    url = new URL(b.endpoint)
+  } catch {
+    throw invalid('endpoint', 'endpoint must be an absolute http or https URL')
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw invalid('endpoint', 'endpoint must be an http or https URL')
+  const method = b.method === undefined ? 'GET' : typeof b.method === 'string' ? b.method.toUpperCase() : ''
+  if (!METHODS.has(method)) throw invalid('method', `method must be one of ${[...METHODS].join(', ')}`)
+  const headers: Record<string, string> = {}
+  if (b.headers !== undefined) {
+    if (typeof b.headers !== 'object' || b.headers === null || Array.isArray(b.headers)) throw invalid('headers', 'headers must be an object of strings')
+    for (const [k, v] of Object.entries(b.headers)) {
+      if (typeof v !== 'string' || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(k) || /[\r\n]/.test(v)) throw invalid(`headers.${k}`, `header ${k} must be a valid name with a string value`)
+      if (!STRIPPED.has(k.toLowerCase())) headers[k.toLowerCase()] = v
+    }
+  }
+  let body: Buffer | null = null
+  if (b.body !== undefined && b.body !== null) {
+    body = Buffer.from(JSON.stringify(b.body))
+    headers['content-type'] ??= 'application/json'
+  }
+  if (b.idempotencyKey !== undefined && (typeof b.idempotencyKey !== 'string' || b.idempotencyKey.length < 1 || b.idempotencyKey.length > 255)) {
+    throw invalid('idempotencyKey', 'idempotencyKey must be a string of 1 to 255 characters')
+  }
+  if (b.parentTxHash !== undefined && (typeof b.parentTxHash !== 'string' || !/^0x[0-9a-fA-F]{64}$/.test(b.parentTxHash))) {
+    throw invalid('parentTxHash', 'parentTxHash must be a 0x-prefixed 32-byte transaction hash')
+  }
+  return {
+    agentId,
+    url: url.toString(),
+    method,
+    headers,
+    body,
+    ...(b.idempotencyKey !== undefined ? { idempotencyKey: b.idempotencyKey as string } : {}),
+    ...(b.parentTxHash !== undefined ? { parentTxHash: b.parentTxHash as string } : {}),
+  }
+}
+
+function parseData(body: Buffer, contentType: string | string[] | undefined): unknown {
+  const text = body.toString('utf8')
+  if (/json/i.test(String(contentType ?? '')) || /^\s*[[{]/.test(text)) {
+    try {
+      return JSON.parse(text)
+    } catch {
+      return text
+    }
+  }
+  return text
+}
+
+/** `POST /v1/pay`: the payment engine behind the API, with idempotency keys. */
+export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
+  async function run(p: PayBody): Promise<Reply> {
+    const out = await engine.pay({ agentId: p.agentId, url: p.url, method: p.method, headers: p.headers, body: p.body, ...(p.parentTxHash ? { parentTxHash: p.parentTxHash } : {}) })
+    if (out.unpaid) {
+      out.response.body.resume()
+      throw out.unpaid
+    }
+    const data = parseData(await readBody(out.response.body, MAX_DATA_BYTES).catch(() => {
+      throw new PaygateError('payment_failed', `the target's answer exceeds ${MAX_DATA_BYTES} bytes`)
+    }), out.response.headers['content-type'])
+    const pay = out.payment
+    return {
+      status: 200,
+      body: {
+        protocol: pay?.protocol ?? null,
+        amountPaid: { usdc: pay ? toUsdcNumber(pay.amount) : 0 },
+        txHash: pay?.txHash ?? null,
+        status: out.response.status,
+        data,
+        ...(pay ? { transactionId: pay.transactionId, settlement: pay.settlement ? { success: pay.settlement.success, transaction: pay.settlement.transaction, network: pay.settlement.network } : null } : {}),
+      },
+    }
+  }
+  return [
+    {
+      method: 'POST',
+      path: '/v1/pay',
+      access: 'agent',
+      async handler(ctx) {
+        const p = parsePay(await ctx.body())
+        requireAgentAccess(ctx.identity, p.agentId)
+        if (!p.idempotencyKey) return run(p)
+        const digest = requestDigest({ url: p.url, method: p.method, headers: p.headers, body: p.body }) + (p.parentTxHash ?? '')
+        return idem.run(
+          p.agentId,
+          p.idempotencyKey,
+          digest,
+          () => run(p),
+          (r) => r,
+          (s) => {
+            const err = Idempotency.storedError(s)
+            if (err) throw err
+            return s as Reply
+          },
+        )
+      },
+    },
+  ]
+}

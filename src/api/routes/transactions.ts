@@ -1,0 +1,41 @@
+import { PaygateError, invalid, notFound } from '../../errors/index.js'
+import { TX_STATUSES, txView, type Transactions, type TxStatus } from '../../ledger/transactions.js'
+import { intParam } from '../http.js'
+import { requireAgentAccess, type Route } from '../router.js'
+
+/** Transactions, newest first; agent keys see only their own agent. */
+export function transactionRoutes(transactions: Transactions): Route[] {
+  return [
+    {
+      method: 'GET',
+      path: '/v1/transactions',
+      access: 'agent',
+      async handler(ctx) {
+        const q = ctx.url.searchParams
+        let agentId = q.get('agentId') ?? undefined
+        if (ctx.identity?.kind === 'agent') {
+          if (agentId && agentId !== ctx.identity.agentId) throw new PaygateError('forbidden', "an agent key may only list its own agent's transactions")
+          agentId = ctx.identity.agentId
+        }
+        const status = q.get('status') ?? undefined
+        if (status !== undefined && !TX_STATUSES.includes(status as TxStatus)) throw invalid('status', `status must be one of ${TX_STATUSES.join(', ')}`)
+        const limit = intParam(ctx.url, 'limit', 50, 1, 1000)
+        const cursor = q.get('cursor') ?? undefined
+        if (cursor !== undefined && !/^tx_[0-9a-z]{9}[0-9A-Za-z]{10}$/.test(cursor)) throw invalid('cursor', 'cursor must be a nextCursor value from a previous page')
+        const page = await transactions.list({ limit, ...(agentId ? { agentId } : {}), ...(status ? { status: status as TxStatus } : {}), ...(cursor ? { cursor } : {}) })
+        return { status: 200, body: { transactions: page.records.map(txView), nextCursor: page.nextCursor } }
+      },
+    },
+    {
+      method: 'GET',
+      path: '/v1/transactions/:id',
+      access: 'agent',
+      async handler(ctx) {
+        const r = await transactions.find(ctx.params.id!)
+        if (!r) throw notFound(`transaction ${ctx.params.id}`)
+        requireAgentAccess(ctx.identity, r.agentId)
+        return { status: 200, body: txView(r) }
+      },
+    },
+  ]
+}

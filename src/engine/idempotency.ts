@@ -1,0 +1,78 @@
+import { createHash } from 'node:crypto'
+import { PaygateError } from '../errors/index.js'
+import type { Collection, Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+
+export interface StoredResult {
+  hash: string
+  createdAt: number
+  result: unknown
+}
+
+/** Canonical digest of a logical request: same target, method, headers and body. */
+export function requestDigest(parts: { url: string; method: string; headers: Record<string, string>; body: Buffer | null }): string {
+  const h = createHash('sha256')
+  h.update(`${parts.method.toUpperCase()} ${parts.url}\n`)
+  for (const k of Object.keys(parts.headers).sort()) h.update(`${k.toLowerCase()}: ${parts.headers[k]}\n`)
+  h.update('\n')
+  if (parts.body) h.update(parts.body)
+  return h.digest('hex')
+}
+
+/**
+ * Idempotency keys per agent, kept `ttlMs`. The same key with the same request returns
+ * the stored result; a racing second call waits for the first; another request under the
+ * same key is 409 `idempotency_conflict`.
+ */
+export class Idempotency {
+  private readonly results: Collection<StoredResult>
+  private readonly inflight = new Map<string, { hash: string; done: Promise<unknown> }>()
+
+  constructor(
+    store: Store,
+    private readonly clock: Clock,
+    private readonly ttlMs: number,
+  ) {
+    this.results = store.collection('idempotency')
+  }
+
+  async run<T>(agentId: string, key: string, hash: string, fn: () => Promise<T>, toStored: (r: T) => unknown, fromStored: (s: unknown) => T): Promise<T> {
+    const k = `${agentId}\x00${key}`
+    const running = this.inflight.get(k)
+    if (running) {
+      if (running.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey is in use by a different request')
+      await running.done.catch(() => undefined)
+      return this.run(agentId, key, hash, fn, toStored, fromStored)
+    }
+    const stored = await this.results.get(k)
+    if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
+      if (stored.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey was used with a different request')
+      return fromStored(stored.result)
+    }
+    const done = (async () => {
+      try {
+        const r = await fn()
+        await this.results.put(k, { hash, createdAt: this.clock.now(), result: toStored(r) })
+        return r
+      } catch (e) {
+        // A client error is a result too: replays see the same answer. Server-side failures are not stored.
+        if (e instanceof PaygateError && e.status < 500) {
+          await this.results.put(k, { hash, createdAt: this.clock.now(), result: { error: { code: e.code, detail: e.detail, extra: e.extra } } })
+        }
+        throw e
+      }
+    })()
+    this.inflight.set(k, { hash, done })
+    try {
+      return await done
+    } finally {
+      this.inflight.delete(k)
+    }
+  }
+
+  /** Rebuild a stored client error. */
+  static storedError(s: unknown): PaygateError | null {
+    const e = (s as { error?: { code: string; detail: string; extra: Record<string, unknown> } }).error
+    return e ? new PaygateError(e.code as never, e.detail, e.extra) : null
+  }
+}

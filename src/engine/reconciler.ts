@@ -1,0 +1,70 @@
+import { Readable } from 'node:stream'
+import type { Logger } from '../log/index.js'
+import type { Transactions, TxRecord } from '../ledger/transactions.js'
+import type { Clock } from '../util/clock.js'
+import type { PaymentEngine } from './engine.js'
+
+/**
+ * Settles reservations whose outcome is not known (signed and sent, answer lost; or a
+ * crash mid-payment): the nonce used on chain means paid (commit and record), unused
+ * after `validBefore` means not paid (release). Runs at start and then periodically.
+ */
+export class Reconciler {
+  private timer: NodeJS.Timeout | null = null
+  private running: Promise<void> | null = null
+
+  constructor(
+    private readonly engine: PaymentEngine,
+    private readonly transactions: Transactions,
+    private readonly clock: Clock,
+    private readonly log: Logger,
+    private readonly everyMs = 5_000,
+  ) {}
+
+  start(): void {
+    this.tick()
+  }
+
+  private tick(): void {
+    this.running = this.runOnce()
+      .catch((e: unknown) => this.log.warn({ err: e }, 'reconciler pass failed'))
+      .finally(() => {
+        this.running = null
+        this.timer = setTimeout(() => this.tick(), this.everyMs)
+        this.timer.unref()
+      })
+  }
+
+  async runOnce(): Promise<void> {
+    const open: TxRecord[] = []
+    for (const status of ['pending', 'unknown'] as const) for await (const r of this.transactions.all(status)) open.push(r)
+    for (const r of open) {
+      if (this.engine.inFlight.has(r.id)) continue
+      await this.settle(r)
+    }
+  }
+
+  private async settle(r: TxRecord): Promise<void> {
+    const a = r.authorization
+    if (!a) {
+      // Crashed before anything was signed: nothing can have been paid.
+      await this.engine.finish(r, { status: 'failed', error: 'interrupted before signing' }, 'release')
+      return
+    }
+    const used = await this.engine.authorizationUsed(a.from as `0x${string}`, a.nonce)
+    if (used) {
+      const res = { status: r.upstreamStatus ?? 502, headers: {}, body: Readable.from([Buffer.alloc(0)]) }
+      await this.engine.paid(r, res, { protocol: r.protocol ?? 'x402' })
+      this.log.info({ transactionId: r.id }, 'reconciled: the authorization was used on chain, recorded as paid')
+    } else if (BigInt(a.validBefore) <= BigInt(Math.floor(this.clock.now() / 1000))) {
+      await this.engine.finish(r, { status: 'failed', error: r.error ?? 'authorization expired unused' }, 'release')
+      this.log.info({ transactionId: r.id }, 'reconciled: the authorization expired unused, reservation released')
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.timer) clearTimeout(this.timer)
+    this.timer = null
+    await this.running
+  }
+}

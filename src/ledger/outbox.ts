@@ -1,0 +1,136 @@
+import type { Hex } from 'viem'
+import type { LedgerEntry, LedgerWriter } from '../chain/ledger-tx.js'
+import type { Logger } from '../log/index.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import { KeyedMutex } from '../util/mutex.js'
+import type { Transactions } from './transactions.js'
+
+interface OutboxEntry {
+  nonce: string
+  txId: string
+  raw: Hex
+  hash: Hex
+}
+
+const NONCE_KEY = 'ledgerNextNonce'
+const nonceKey = (n: bigint): string => n.toString().padStart(20, '0')
+
+/**
+ * Durable outbox of ledger records. A record is signed with the next local nonce and
+ * stored (raw transaction and hash) in the same LevelDB batch as the payment record, so
+ * the ledger `txHash` is known at once and survives a crash; a background pump sends the
+ * stored transactions in nonce order and marks them confirmed when their receipts arrive.
+ * The paid path never waits for the chain.
+ */
+export class Outbox {
+  private readonly entries: Collection<OutboxEntry>
+  private readonly meta: Collection<string>
+  private readonly lock = new KeyedMutex()
+  private nextNonce = 0n
+  private sentUpTo = -1n
+  private timer: NodeJS.Timeout | null = null
+  private pumping: Promise<void> | null = null
+  private closed = false
+
+  constructor(
+    private readonly store: Store,
+    private readonly transactions: Transactions,
+    private readonly writer: LedgerWriter,
+    private readonly log: Logger,
+    private readonly pollMs = 100,
+  ) {
+    this.entries = store.collection('ledgerOutbox')
+    this.meta = store.collection('meta')
+  }
+
+  async start(): Promise<void> {
+    const chainNonce = await this.writer.init()
+    const stored = await this.meta.get(NONCE_KEY)
+    this.nextNonce = stored !== undefined && BigInt(stored) > chainNonce ? BigInt(stored) : chainNonce
+    this.schedule(0)
+  }
+
+  /** How many records are waiting to be sent or confirmed. */
+  async pending(): Promise<number> {
+    let n = 0
+    for await (const _ of this.entries.keys()) n++
+    return n
+  }
+
+  /**
+   * Sign the ledger record and write it together with `ops(hash)` (the caller's own
+   * records) in one atomic batch. Returns the ledger transaction hash.
+   */
+  async record(entry: LedgerEntry, txId: string, ops: (hash: Hex) => BatchOp[]): Promise<Hex> {
+    const hash = await this.lock.run('nonce', async () => {
+      const nonce = this.nextNonce
+      const signed = await this.writer.sign(entry, nonce)
+      await this.store.batch([
+        { type: 'put', coll: this.entries, key: nonceKey(nonce), value: { nonce: nonce.toString(), txId, raw: signed.raw, hash: signed.hash } },
+        { type: 'put', coll: this.meta, key: NONCE_KEY, value: (nonce + 1n).toString() },
+        ...ops(signed.hash),
+      ])
+      this.nextNonce = nonce + 1n
+      return signed.hash
+    })
+    this.schedule(0)
+    return hash
+  }
+
+  private schedule(ms: number): void {
+    if (this.closed || this.timer) return
+    this.timer = setTimeout(() => {
+      this.timer = null
+      this.pumping ??= this.pump()
+        .catch((e: unknown) => this.log.warn({ err: e }, 'ledger outbox pump failed; retrying'))
+        .finally(() => {
+          this.pumping = null
+        })
+    }, ms)
+    this.timer.unref()
+  }
+
+  /** Send what is unsent (in nonce order), then confirm what has receipts. */
+  private async pump(): Promise<void> {
+    const open: OutboxEntry[] = []
+    for await (const [, e] of this.entries.entries()) open.push(e)
+    for (const e of open) {
+      if (BigInt(e.nonce) <= this.sentUpTo) continue
+      await this.writer.broadcast(e.raw)
+      this.sentUpTo = BigInt(e.nonce)
+    }
+    for (const e of open) {
+      const r = await this.writer.receipt(e.hash)
+      if (!r) break
+      const prev = await this.transactions.get(e.txId)
+      const ops: BatchOp[] = [{ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) }]
+      if (prev) {
+        const ledger = r.success ? { status: 'confirmed' as const, blockNumber: r.blockNumber } : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted' }
+        ops.push(...this.transactions.ops({ ...prev, ledger }, prev))
+      }
+      if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
+      await this.store.batch(ops)
+    }
+    const left = open.length > 0
+    if (left) this.schedule(this.pollMs)
+  }
+
+  /** Stop the pump; what is stored stays stored and is sent after the next start. */
+  async close(): Promise<void> {
+    this.closed = true
+    if (this.timer) clearTimeout(this.timer)
+    this.timer = null
+    await this.pumping
+  }
+
+  /** Wait until every stored record is confirmed (tests, graceful drains), bounded by `ms`. */
+  async drain(ms: number): Promise<boolean> {
+    const end = Date.now() + ms
+    while (Date.now() < end) {
+      if ((await this.pending()) === 0) return true
+      this.schedule(0)
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    return false
+  }
+}

@@ -1,0 +1,160 @@
+import { randomBase62 } from '../util/random.js'
+import { usdc } from '../util/money.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+
+/**
+ * Local transaction records with the indexes the API lists by (agent, status, ledger tx
+ * hash). Ids sort by creation time, so a reverse walk is newest first.
+ *
+ * Status: `pending` (reserved, payment in flight), `paid`, `rejected` (policy, nothing
+ * signed), `failed` (not paid; reservation released), `unknown` (signed and sent, outcome
+ * not known yet: the reservation stays held until the reconciler settles it).
+ */
+export type TxStatus = 'pending' | 'paid' | 'rejected' | 'failed' | 'unknown'
+export const TX_STATUSES: readonly TxStatus[] = ['pending', 'paid', 'rejected', 'failed', 'unknown']
+
+export interface StoredAuthorization {
+  from: string
+  to: string
+  value: string
+  validAfter: string
+  validBefore: string
+  nonce: string
+  signature: string
+}
+
+export interface TxRecord {
+  id: string
+  agentId: string
+  status: TxStatus
+  createdAt: number
+  updatedAt: number
+  /** Origin and path of the target (no query string, no credentials). */
+  endpoint: string
+  method: string
+  protocol: 'x402' | 'mpp' | null
+  /** Base units of the chosen offer. */
+  amount: string
+  /** Hash of the ledger transaction recording this payment (known before it is sent). */
+  txHash: string | null
+  parentTxHash: string | null
+  depth: number
+  reason?: string
+  detail?: string
+  error?: string
+  offer?: { shape: string; scheme: string; network: string; asset: string; payTo: string; resource: string | null }
+  authorization?: StoredAuthorization
+  settlement?: { success: boolean; transaction: string | null; network: string | null; payer: string | null; errorReason?: string | null }
+  upstreamStatus?: number
+  attempts?: number
+  idempotencyKey?: string
+  ledger?: { status: 'queued' | 'confirmed' | 'failed'; blockNumber?: number; error?: string }
+}
+
+/** Sortable id: creation ms in base36 (fixed width) plus randomness. */
+export const newTxId = (now: number): string => `tx_${now.toString(36).padStart(9, '0')}${randomBase62(10)}`
+
+export function endpointOf(url: string): string {
+  try {
+    const u = new URL(url)
+    return `${u.origin}${u.pathname}`
+  } catch {
+    return url
+  }
+}
+
+export class Transactions {
+  readonly records: Collection<TxRecord>
+  private readonly byAgent: Collection<string>
+  private readonly byStatus: Collection<string>
+  private readonly byAgentStatus: Collection<string>
+  private readonly byHash: Collection<string>
+
+  constructor(private readonly store: Store) {
+    this.records = store.collection('tx')
+    this.byAgent = store.collection('txByAgent')
+    this.byStatus = store.collection('txByStatus')
+    this.byAgentStatus = store.collection('txByAgentStatus')
+    this.byHash = store.collection('txByHash')
+  }
+
+  /** Batch ops that write `next` (replacing `prev`) with its index entries. */
+  ops(next: TxRecord, prev?: TxRecord): BatchOp[] {
+    const ops: BatchOp[] = [{ type: 'put', coll: this.records, key: next.id, value: next }]
+    if (!prev) ops.push({ type: 'put', coll: this.byAgent, key: `${next.agentId}\x00${next.id}`, value: '' })
+    if (prev && prev.status !== next.status) {
+      ops.push({ type: 'del', coll: this.byStatus, key: `${prev.status}\x00${prev.id}` })
+      ops.push({ type: 'del', coll: this.byAgentStatus, key: `${prev.agentId}\x00${prev.status}\x00${prev.id}` })
+    }
+    if (!prev || prev.status !== next.status) {
+      ops.push({ type: 'put', coll: this.byStatus, key: `${next.status}\x00${next.id}`, value: '' })
+      ops.push({ type: 'put', coll: this.byAgentStatus, key: `${next.agentId}\x00${next.status}\x00${next.id}`, value: '' })
+    }
+    if (next.txHash && next.txHash !== prev?.txHash) ops.push({ type: 'put', coll: this.byHash, key: next.txHash.toLowerCase(), value: next.id })
+    return ops
+  }
+
+  async put(next: TxRecord, prev?: TxRecord): Promise<void> {
+    await this.store.batch(this.ops(next, prev))
+  }
+
+  async get(id: string): Promise<TxRecord | undefined> {
+    return this.records.get(id)
+  }
+
+  /** By record id or by ledger tx hash. */
+  async find(idOrHash: string): Promise<TxRecord | undefined> {
+    if (idOrHash.startsWith('tx_')) return this.records.get(idOrHash)
+    const id = await this.byHash.get(idOrHash.toLowerCase())
+    return id ? this.records.get(id) : undefined
+  }
+
+  /** Newest first; `cursor` is the last id of the previous page. */
+  async list(f: { agentId?: string; status?: TxStatus; limit: number; cursor?: string }): Promise<{ records: TxRecord[]; nextCursor: string | null }> {
+    let coll: Collection<string>
+    let prefix: string
+    if (f.agentId && f.status) [coll, prefix] = [this.byAgentStatus, `${f.agentId}\x00${f.status}\x00`]
+    else if (f.agentId) [coll, prefix] = [this.byAgent, `${f.agentId}\x00`]
+    else if (f.status) [coll, prefix] = [this.byStatus, `${f.status}\x00`]
+    else [coll, prefix] = [this.records as unknown as Collection<string>, '']
+    const ids: string[] = []
+    const lt = f.cursor ? prefix + f.cursor : prefix + '\xff'
+    for await (const k of coll.keys({ gte: prefix, lt, reverse: true, limit: f.limit + 1 })) ids.push(k.slice(prefix.length))
+    const more = ids.length > f.limit
+    if (more) ids.pop()
+    const records = (await this.records.getMany(ids)).filter((r): r is TxRecord => !!r)
+    return { records, nextCursor: more ? ids[ids.length - 1]! : null }
+  }
+
+  async *all(status: TxStatus): AsyncIterable<TxRecord> {
+    for await (const k of this.byStatus.keys({ gte: `${status}\x00`, lt: `${status}\x01` })) {
+      const r = await this.records.get(k.slice(status.length + 1))
+      if (r) yield r
+    }
+  }
+}
+
+/** A transaction as the API shows it. */
+export function txView(r: TxRecord): Record<string, unknown> {
+  return {
+    id: r.id,
+    timestamp: new Date(r.createdAt).toISOString(),
+    agentId: r.agentId,
+    status: r.status,
+    protocol: r.protocol,
+    amountPaid: usdc(r.status === 'paid' ? BigInt(r.amount) : 0n),
+    amountQuoted: usdc(BigInt(r.amount)),
+    endpoint: r.endpoint,
+    method: r.method,
+    txHash: r.txHash,
+    parentTxHash: r.parentTxHash,
+    depth: r.depth,
+    ...(r.reason ? { reason: r.reason } : {}),
+    ...(r.detail ? { detail: r.detail } : {}),
+    ...(r.error ? { error: r.error } : {}),
+    ...(r.settlement ? { settlement: r.settlement } : {}),
+    ...(r.offer ? { network: r.offer.network, payTo: r.offer.payTo } : {}),
+    ...(r.upstreamStatus !== undefined ? { upstreamStatus: r.upstreamStatus } : {}),
+    ...(r.ledger ? { ledger: r.ledger } : {}),
+  }
+}
