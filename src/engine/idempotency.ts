@@ -44,19 +44,21 @@ export class Idempotency {
       await running.done.catch(() => undefined)
       return this.run(agentId, key, hash, fn, toStored, fromStored)
     }
-    const stored = await this.results.get(k)
-    if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
-      if (stored.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey was used with a different request')
-      return fromStored(stored.result)
-    }
+    // Claim the key before the first await, so a racing call with the same key waits for this one.
     const done = (async () => {
+      const stored = await this.results.get(k)
+      if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
+        if (stored.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey was used with a different request')
+        return fromStored(stored.result)
+      }
       try {
         const r = await fn()
         await this.results.put(k, { hash, createdAt: this.clock.now(), result: toStored(r) })
         return r
       } catch (e) {
-        // A client error is a result too: replays see the same answer. Server-side failures are not stored.
-        if (e instanceof PaygateError && e.status < 500) {
+        // A definite answer is a result too (a rejection, a failed payment whose reservation may
+        // still be held): replays see it and never pay again. Internal errors are not stored.
+        if (e instanceof PaygateError && !['internal_error', 'unavailable', 'idempotency_conflict'].includes(e.code)) {
           await this.results.put(k, { hash, createdAt: this.clock.now(), result: { error: { code: e.code, detail: e.detail, extra: e.extra } } })
         }
         throw e
