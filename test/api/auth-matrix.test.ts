@@ -93,7 +93,7 @@ t.test('health endpoints need no key', async (t) => {
   t.equal((await gw.api('GET', '/healthz', { key: null })).status, 200)
   const ready = await gw.api('GET', '/readyz', { key: null })
   t.equal(ready.status, 200)
-  t.same(ready.body, { status: 'ready', checks: { store: true } })
+  t.same(ready.body, { status: 'ready', checks: { store: true, chain: true } })
 })
 
 t.test('PAYGATE_ACCOUNT_KEY is accepted while set', async (t) => {
