@@ -1,0 +1,46 @@
+/** Small helpers for benchmarks: percentiles and bounded loops. Figures are ratios against a baseline from the same run. */
+export function percentile(sorted: number[], p: number): number {
+  if (!sorted.length) return NaN
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))
+  return sorted[i]!
+}
+
+export interface Latencies {
+  n: number
+  p50: number
+  p99: number
+}
+
+/** Run `fn` sequentially `count` times (or until `maxMs`), timing each call in ms. */
+export async function timeSequential(count: number, maxMs: number, fn: () => Promise<void>): Promise<Latencies> {
+  const out: number[] = []
+  const end = Date.now() + maxMs
+  for (let i = 0; i < count && Date.now() < end; i++) {
+    const t0 = process.hrtime.bigint()
+    await fn()
+    out.push(Number(process.hrtime.bigint() - t0) / 1e6)
+  }
+  out.sort((a, b) => a - b)
+  return { n: out.length, p50: percentile(out, 50), p99: percentile(out, 99) }
+}
+
+/** `workers` concurrent loops calling `fn` until `count` calls or `maxMs`; returns calls per second. */
+export async function throughput(workers: number, count: number, maxMs: number, fn: () => Promise<void>): Promise<{ n: number; perSec: number }> {
+  let started = 0
+  let done = 0
+  const t0 = Date.now()
+  const end = t0 + maxMs
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      while (started < count && Date.now() < end) {
+        started++
+        await fn()
+        done++
+      }
+    }),
+  )
+  const secs = (Date.now() - t0) / 1000
+  return { n: done, perSec: done / secs }
+}
+
+export const fmt = (n: number, d = 2): string => n.toFixed(d)
