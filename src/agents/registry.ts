@@ -63,6 +63,7 @@ export class Registry {
   private readonly keyByHash: Collection<string>
   private readonly agentKeys: Collection<string>
   private readonly cache = new Map<string, Identity>()
+  private readonly agentCache = new Map<string, AgentRecord>()
   private readonly mutex = new KeyedMutex()
   private readonly cascades: AgentCascade[] = []
   private readonly envKeyHash: string | null
@@ -196,13 +197,17 @@ export class Registry {
   }
 
   async requireAgent(agentId: string): Promise<AgentRecord> {
-    const a = AGENT_ID_RE.test(agentId) ? await this.agents.get(agentId) : undefined
+    const a = await this.getAgent(agentId)
     if (!a) throw notFound(`agent ${agentId}`)
     return a
   }
 
   async getAgent(agentId: string): Promise<AgentRecord | undefined> {
-    return AGENT_ID_RE.test(agentId) ? this.agents.get(agentId) : undefined
+    const hit = this.agentCache.get(agentId)
+    if (hit) return hit
+    const a = AGENT_ID_RE.test(agentId) ? await this.agents.get(agentId) : undefined
+    if (a) this.agentCache.set(agentId, a)
+    return a
   }
 
   async createAgent(requested?: string): Promise<{ agent: AgentRecord; key: IssuedKey }> {
@@ -236,6 +241,7 @@ export class Registry {
       }
       for (const c of this.cascades) ops.push(...(await c(agentId)))
       await this.store.batch(ops)
+      this.agentCache.delete(agentId)
       for (const k of keys) this.forget(k.hash)
     })
   }

@@ -19,6 +19,7 @@ import type { Logger } from '../log/index.js'
 import type { Collection } from '../store/index.js'
 import { parseDecimal } from '../util/money.js'
 import { KeyedMutex } from '../util/mutex.js'
+import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
 import { startDevnet, type Devnet } from './devnet.js'
@@ -80,6 +81,8 @@ export class Chain {
     readonly publicClient: PublicClient,
     readonly walletClient: WalletClient,
     readonly signer: PrivateKeyAccount,
+    /** The same signer key, signing natively (the ledger outbox's hot path). */
+    readonly fastSigner: FastSigner,
     private readonly devnet: Devnet | null,
     /** Embedded chain only: owns the dev token and mints for the faucet (never the ledger signer, whose nonces the outbox manages). */
     private readonly minter: PrivateKeyAccount | null,
@@ -122,7 +125,8 @@ export class Chain {
       if (reported !== c.chainId) {
         throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${rpcUrl} reports ${reported}`)
       }
-      const signer = await loadSigner(c.signerKey, meta, keystore)
+      const signerKey = await loadKey(c.signerKey, meta, keystore, 'signerKey')
+      const signer = privateKeyToAccount(signerKey)
       const minter = devnet ? await loadSigner(null, meta, keystore, 'minterKey') : null
       const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval })
 
@@ -142,7 +146,7 @@ export class Chain {
       }
       const info: ChainInfo = { network, chainId: c.chainId, rpcUrl, token: deployment.token, ledger: deployment.ledger }
       log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
-      return new Chain(info, !!devnet, publicClient, walletClient, signer, devnet, minter)
+      return new Chain(info, !!devnet, publicClient, walletClient, signer, new FastSigner(signerKey), devnet, minter)
     } catch (e) {
       await devnet?.close()
       throw e
@@ -192,14 +196,18 @@ export class Chain {
 }
 
 /** The configured signer, else one generated once and stored encrypted under the master key. */
-async function loadSigner(configured: Hex | null, meta: Collection<unknown>, keystore: Keystore, name = 'signerKey'): Promise<PrivateKeyAccount> {
-  if (configured) return privateKeyToAccount(configured)
+async function loadKey(configured: Hex | null, meta: Collection<unknown>, keystore: Keystore, name: string): Promise<Hex> {
+  if (configured) return configured
   const context = `${SIGNER_CONTEXT}:${name}`
   const stored = (await meta.get(name)) as string | undefined
-  if (stored) return privateKeyToAccount(`0x${keystore.decrypt(stored, context).toString('hex')}`)
+  if (stored) return `0x${keystore.decrypt(stored, context).toString('hex')}`
   const pk = generatePrivateKey()
   await meta.put(name, keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), context))
-  return privateKeyToAccount(pk)
+  return pk
+}
+
+async function loadSigner(configured: Hex | null, meta: Collection<unknown>, keystore: Keystore, name = 'signerKey'): Promise<PrivateKeyAccount> {
+  return privateKeyToAccount(await loadKey(configured, meta, keystore, name))
 }
 
 async function setNativeBalance(client: PublicClient, address: Address, wei: bigint): Promise<void> {

@@ -61,7 +61,7 @@ export class LedgerWriter {
       functionName: 'record',
       args: [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth],
     })
-    const raw = await this.chain.signer.signTransaction({
+    const raw = this.chain.fastSigner.signTransaction({
       type: 'eip1559',
       chainId: this.chain.info.chainId,
       to: this.chain.info.ledger,

@@ -15,7 +15,7 @@ import type { PolicyStore } from '../policy/store.js'
 import type { Store } from '../store/index.js'
 import { commit, heldAmount, hold, release, usedToday, type UsageState } from '../policy/usage.js'
 import type { HttpAnswer, Offer, PayableChain, Settlement } from '../protocols/types.js'
-import { authorizationFor, choose, detectX402, paymentHeaders, readSettlement, sameOrigin, typedData } from '../protocols/x402.js'
+import { authorizationFor, choose, detectX402, paymentHeaders, readSettlement, sameOrigin, typedData, typedDataDigest } from '../protocols/x402.js'
 import type { Clock } from '../util/clock.js'
 import { formatUnits, toUsdcNumber } from '../util/money.js'
 import { KeyedMutex } from '../util/mutex.js'
@@ -85,6 +85,18 @@ export class PaymentEngine {
 
   constructor(private readonly d: EngineDeps) {}
 
+  /** Run under the agent's usage lock; a failed write drops the cached usage so it is re-read. */
+  private withUsage<T>(agentId: string, fn: () => Promise<T>): Promise<T> {
+    return this.usageLock.run(agentId, async () => {
+      try {
+        return await fn()
+      } catch (e) {
+        this.d.policies.forgetUsage(agentId)
+        throw e
+      }
+    })
+  }
+
   get payable(): PayableChain {
     const { chainId, network, token } = this.d.chain.info
     return { chainId, networkName: network, token }
@@ -143,7 +155,7 @@ export class PaymentEngine {
     const wallet = await this.d.wallets.require(agentId)
 
     // Policy and reservation, atomically per agent.
-    const reserved = await this.usageLock.run(agentId, async () => {
+    const reserved = await this.withUsage(agentId, async () => {
       const [policy, usage] = await Promise.all([this.d.policies.policyOf(agentId), this.d.policies.usageOf(agentId)])
       const decision = decide(policy, usage, { host: domainOf(req.url), amount: offer.amount }, now)
       if (!decision.ok) {
@@ -180,9 +192,9 @@ export class PaymentEngine {
       })
     }
 
-    const account = await this.d.wallets.account(req.agentId)
+    const signer = await this.d.wallets.signer(req.agentId)
     const auth = authorizationFor(offer, { from, nonce: `0x${randomBytes(32).toString('hex')}`, nowSeconds: this.d.clock.now() / 1000 })
-    const signature = await account.signTypedData(typedData(offer, auth, this.d.chain.info.chainId, { name: 'USD Coin', version: '2' }))
+    const signature = signer.signDigest65(typedDataDigest(typedData(offer, auth, this.d.chain.info.chainId, { name: 'USD Coin', version: '2' })))
     const stored: StoredAuthorization = {
       from: auth.from,
       to: auth.to,
@@ -245,8 +257,8 @@ export class PaymentEngine {
 
   /** Close a transaction that was not paid: release (or keep) its reservation. */
   async finish(rec: TxRecord, change: Partial<TxRecord>, hold: 'release' | 'keep'): Promise<void> {
-    await this.usageLock.run(rec.agentId, async () => {
-      const prev = (await this.d.transactions.get(rec.id)) ?? rec
+    await this.withUsage(rec.agentId, async () => {
+      const prev = rec
       const next: TxRecord = { ...prev, ...change, updatedAt: this.d.clock.now() }
       const ops = this.d.transactions.ops(next, prev)
       if (hold === 'release') ops.push(this.d.policies.usageOp(rec.agentId, release(await this.d.policies.usageOf(rec.agentId), rec.id)))
@@ -262,12 +274,12 @@ export class PaymentEngine {
     const { origin, pathHash } = ledgerLocation(rec.endpoint)
     let before = 0n
     let after = 0n
-    const txHash = await this.usageLock.run(rec.agentId, async () => {
+    const txHash = await this.withUsage(rec.agentId, async () => {
       const usage = await this.d.policies.usageOf(rec.agentId)
       before = usedToday(usage, now)
-      const committed = commit(usage, rec.id, now)
+      const committed = commit(usage, rec.id, now, policy.rateLimit?.calls ?? 0)
       after = usedToday(committed, now)
-      const prev = (await this.d.transactions.get(rec.id)) ?? rec
+      const prev = rec
       return this.d.outbox.record(
         {
           id: recordIdOf(rec.id),

@@ -1,7 +1,7 @@
 import { invalid } from '../errors/index.js'
 import { AmountError, MAX_USDC_UNITS, parseDecimal, usdc } from '../util/money.js'
 import { normalizeHost } from './domains.js'
-import { DAY_MS, HOUR_MS, paymentsWithin, usedToday, type UsageState } from './usage.js'
+import { DAY_MS, HOUR_MS, paymentsThisHour, usedToday, type UsageState } from './usage.js'
 
 export const RATE_WINDOWS = { '1m': 60_000, '5m': 300_000, '15m': 900_000, '1h': HOUR_MS, '24h': DAY_MS } as const
 export type RateWindow = keyof typeof RATE_WINDOWS
@@ -120,7 +120,7 @@ export function policyView(agentId: string, p: StoredPolicy, usage: UsageState, 
   if (p.perCallLimit !== undefined) view.perCallLimit = usdc(BigInt(p.perCallLimit))
   if (p.allowedDomains !== undefined) view.allowedDomains = p.allowedDomains
   view.blockedDomains = p.blockedDomains
-  if (p.rateLimit) view.rateLimit = { ...p.rateLimit, usedThisHour: paymentsWithin(usage, now, HOUR_MS) }
+  if (p.rateLimit) view.rateLimit = { ...p.rateLimit, usedThisHour: paymentsThisHour(usage, now) }
   view.protocolPreference = p.protocolPreference
   if (p.updatedAt) view.updatedAt = p.updatedAt
   return view

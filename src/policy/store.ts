@@ -9,6 +9,10 @@ export class PolicyStore {
   private readonly policies: Collection<StoredPolicy>
   private readonly usage: Collection<UsageState>
 
+  /** Write-through caches: this process is the only writer of its data directory. */
+  private readonly policyCache = new Map<string, StoredPolicy>()
+  private readonly usageCache = new Map<string, UsageState>()
+
   constructor(
     private readonly store: Store,
     private readonly registry: Registry,
@@ -16,23 +20,44 @@ export class PolicyStore {
   ) {
     this.policies = store.collection('policies')
     this.usage = store.collection('usage')
-    registry.onAgentDelete((agentId): BatchOp[] => [
-      { type: 'del', coll: this.policies, key: agentId },
-      { type: 'del', coll: this.usage, key: agentId },
-    ])
+    registry.onAgentDelete((agentId): BatchOp[] => {
+      this.policyCache.delete(agentId)
+      this.usageCache.delete(agentId)
+      return [
+        { type: 'del', coll: this.policies, key: agentId },
+        { type: 'del', coll: this.usage, key: agentId },
+      ]
+    })
   }
 
   async policyOf(agentId: string): Promise<StoredPolicy> {
-    return (await this.policies.get(agentId)) ?? defaultPolicy()
+    const hit = this.policyCache.get(agentId)
+    if (hit) return hit
+    const p = (await this.policies.get(agentId)) ?? defaultPolicy()
+    this.policyCache.set(agentId, p)
+    return p
   }
 
   async usageOf(agentId: string): Promise<UsageState> {
-    return (await this.usage.get(agentId)) ?? emptyUsage()
+    const hit = this.usageCache.get(agentId)
+    if (hit) return hit
+    const u = (await this.usage.get(agentId)) ?? emptyUsage()
+    this.usageCache.set(agentId, u)
+    return u
   }
 
-  /** A batch op that stores an agent's usage (the engine writes it with its records). */
+  /**
+   * A batch op that stores an agent's usage (the engine writes it with its records, under
+   * its per-agent lock). The cache takes the new value at once; `forgetUsage` drops it
+   * if the batch fails.
+   */
   usageOp(agentId: string, u: UsageState): BatchOp {
+    this.usageCache.set(agentId, u)
     return { type: 'put', coll: this.usage, key: agentId, value: u }
+  }
+
+  forgetUsage(agentId: string): void {
+    this.usageCache.delete(agentId)
   }
 
   async view(agentId: string): Promise<Record<string, unknown>> {
@@ -47,6 +72,7 @@ export class PolicyStore {
       const next = mergePolicy(await this.policyOf(agentId), body, agentId)
       next.updatedAt = new Date(this.clock.now()).toISOString()
       await this.policies.put(agentId, next)
+      this.policyCache.set(agentId, next)
       return policyView(agentId, next, await this.usageOf(agentId), this.clock.now())
     })
   }

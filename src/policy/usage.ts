@@ -19,8 +19,13 @@ export interface UsageState {
   periodStart: number | null
   /** Base units committed in the current period. */
   spent: string
-  /** Timestamps (ms) of payments, pruned to the longest rate window (24 h). */
+  /**
+   * Timestamps (ms) of the most recent payments: at most as many as the rate limit allows
+   * (that is all a sliding-window decision needs), pruned to 24 h.
+   */
   payments: number[]
+  /** Payments per minute `[minuteStartMs, count]` for the trailing hour (`usedThisHour`). */
+  perMinute?: [number, number][]
   /** Reservations of payments in flight. */
   holds?: Hold[]
 }
@@ -34,7 +39,11 @@ export const usedToday = (u: UsageState, now: number): bigint => (periodActive(u
 
 export const heldAmount = (u: UsageState): bigint => (u.holds ?? []).reduce((s, h) => s + BigInt(h.amount), 0n)
 
-/** Payments made in the trailing window ending at `now`. */
+/** Payment calls in the trailing 60 minutes, to the minute. */
+export const paymentsThisHour = (u: UsageState, now: number): number =>
+  (u.perMinute ?? []).reduce((n, [m, c]) => (m > now - HOUR_MS && m <= now ? n + c : n), 0)
+
+/** Payments made in the trailing window ending at `now` (exact, from the kept timestamps). */
 export const paymentsWithin = (u: UsageState, now: number, windowMs: number): number => {
   let n = 0
   for (const t of u.payments) if (t > now - windowMs && t <= now) n++
@@ -49,16 +58,24 @@ export const release = (u: UsageState, id: string): UsageState => ({ ...u, holds
 
 /**
  * Turn a reservation into spend at `now`: a payment opens a new period when none is
- * active, adds to spend, and is counted for the rate window.
+ * active, adds to spend, and is counted for the rate window. `keep` is how many recent
+ * timestamps to keep (the rate limit's `calls`; usage stays small at any payment rate).
  */
-export function commit(u: UsageState, id: string, now: number): UsageState {
+export function commit(u: UsageState, id: string, now: number, keep: number): UsageState {
   const h = (u.holds ?? []).find((x) => x.id === id)
   if (!h) return u
   const active = periodActive(u, now)
+  const minute = now - (now % 60_000)
+  const perMinute = (u.perMinute ?? []).filter(([m]) => m > now - HOUR_MS)
+  const last = perMinute[perMinute.length - 1]
+  if (last && last[0] === minute) perMinute[perMinute.length - 1] = [minute, last[1] + 1]
+  else perMinute.push([minute, 1])
+  const recent = [...u.payments.filter((t) => t > now - DAY_MS), now]
   return {
     periodStart: active ? u.periodStart : now,
     spent: ((active ? BigInt(u.spent) : 0n) + BigInt(h.amount)).toString(),
-    payments: [...u.payments.filter((t) => t > now - DAY_MS), now],
+    payments: keep > 0 ? recent.slice(-keep) : [],
+    perMinute,
     holds: (u.holds ?? []).filter((x) => x.id !== id),
   }
 }

@@ -22,7 +22,7 @@
  *   payload:{from,to,amount,token,nonce,validAfter,validBefore}, signature})` plus
  *   `X-PAYMENT-SIGNATURE: <signature>`.
  */
-import { getAddress, isAddress, type TypedDataDefinition } from 'viem'
+import { getAddress, isAddress, keccak256, toHex, type TypedDataDefinition } from 'viem'
 import { PaygateError } from '../errors/index.js'
 import type {
   Address,
@@ -588,4 +588,38 @@ export function readSettlement(headers: HttpAnswer['headers']): Settlement | nul
     errorReason: str(obj.errorReason),
     raw: obj,
   }
+}
+
+// ---------------------------------------------------------------------------
+// fast EIP-712 digest
+
+const TWA_TYPEHASH = keccak256(
+  toHex('TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)'),
+)
+const DOMAIN_TYPEHASH = keccak256(toHex('EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)'))
+const domainSeparators = new Map<string, Hex>()
+
+const word = (v: bigint): string => v.toString(16).padStart(64, '0')
+const addrWord = (a: string): string => a.slice(2).toLowerCase().padStart(64, '0')
+
+/**
+ * The EIP-712 digest of `typedData(...)`, computed directly (domain separators cached):
+ * the same 32 bytes as viem's `hashTypedData`, at a fraction of the cost on the paid path.
+ */
+export function typedDataDigest(td: TransferWithAuthorizationTypedData): Hex {
+  const d = td.domain
+  const dk = `${d.name}\u0000${d.version}\u0000${d.chainId}\u0000${d.verifyingContract.toLowerCase()}`
+  let sep = domainSeparators.get(dk)
+  if (!sep) {
+    sep = keccak256(
+      `0x${DOMAIN_TYPEHASH.slice(2)}${keccak256(toHex(d.name)).slice(2)}${keccak256(toHex(d.version)).slice(2)}${word(BigInt(d.chainId))}${addrWord(d.verifyingContract)}`,
+    )
+    if (domainSeparators.size > 1000) domainSeparators.clear()
+    domainSeparators.set(dk, sep)
+  }
+  const m = td.message
+  const struct = keccak256(
+    `0x${TWA_TYPEHASH.slice(2)}${addrWord(m.from)}${addrWord(m.to)}${word(m.value)}${word(m.validAfter)}${word(m.validBefore)}${m.nonce.slice(2).toLowerCase().padStart(64, '0')}`,
+  )
+  return keccak256(`0x1901${sep.slice(2)}${struct.slice(2)}`)
 }

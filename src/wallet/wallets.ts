@@ -3,6 +3,7 @@ import type { Registry } from '../agents/registry.js'
 import { PaygateError, notFound } from '../errors/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
+import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from './keystore.js'
 
 export interface WalletRecord {
@@ -24,6 +25,8 @@ export class Wallets {
   private readonly wallets: Collection<WalletRecord>
   private readonly archive: Collection<WalletRecord>
   private readonly accounts = new Map<string, PrivateKeyAccount>()
+  private readonly signers = new Map<string, FastSigner>()
+  private readonly records = new Map<string, WalletRecord>()
 
   constructor(
     private readonly store: Store,
@@ -37,6 +40,8 @@ export class Wallets {
       const w = await this.wallets.get(agentId)
       if (!w) return []
       this.accounts.delete(agentId)
+      this.signers.delete(agentId)
+      this.records.delete(agentId)
       return [
         { type: 'del', coll: this.wallets, key: agentId },
         { type: 'put', coll: this.archive, key: `${w.address.toLowerCase()}`, value: w },
@@ -62,26 +67,46 @@ export class Wallets {
   }
 
   async get(agentId: string): Promise<WalletRecord | undefined> {
-    return this.wallets.get(agentId)
+    const hit = this.records.get(agentId)
+    if (hit) return hit
+    const w = await this.wallets.get(agentId)
+    if (w) this.records.set(agentId, w)
+    return w
   }
 
   /** The agent's wallet, or 404 naming what is missing (the agent, or its wallet). */
   async require(agentId: string): Promise<WalletRecord> {
-    const w = await this.wallets.get(agentId)
+    const w = await this.get(agentId)
     if (w) return w
     await this.registry.requireAgent(agentId)
     throw notFound(`a wallet for agent ${agentId}`)
+  }
+
+  private async privateKey(agentId: string): Promise<{ w: WalletRecord; pk: `0x${string}` }> {
+    const w = await this.require(agentId)
+    const pk = `0x${this.keystore.decrypt(w.encryptedKey, context(agentId, w.address)).toString('hex')}` as const
+    return { w, pk }
   }
 
   /** The agent's signing account (viem), decrypted once and cached. */
   async account(agentId: string): Promise<PrivateKeyAccount> {
     const hit = this.accounts.get(agentId)
     if (hit) return hit
-    const w = await this.require(agentId)
-    const pk = this.keystore.decrypt(w.encryptedKey, context(agentId, w.address))
-    const account = privateKeyToAccount(`0x${pk.toString('hex')}`)
+    const { w, pk } = await this.privateKey(agentId)
+    const account = privateKeyToAccount(pk)
     if (account.address !== w.address) throw new PaygateError('internal_error', `stored wallet key of ${agentId} does not match its address`)
     this.accounts.set(agentId, account)
     return account
+  }
+
+  /** The agent's native signer (the payment hot path), decrypted once and cached. */
+  async signer(agentId: string): Promise<FastSigner> {
+    const hit = this.signers.get(agentId)
+    if (hit) return hit
+    const { w, pk } = await this.privateKey(agentId)
+    const signer = new FastSigner(pk)
+    if (signer.address !== w.address) throw new PaygateError('internal_error', `stored wallet key of ${agentId} does not match its address`)
+    this.signers.set(agentId, signer)
+    return signer
   }
 }

@@ -1,7 +1,7 @@
 import t from 'tap'
 import { decide, CHECK_ORDER } from '../../src/policy/decide.js'
 import { defaultPolicy, mergePolicy } from '../../src/policy/model.js'
-import { commit, emptyUsage, hold, release, usedToday, DAY_MS, type UsageState } from '../../src/policy/usage.js'
+import { commit, emptyUsage, hold, release, usedToday, paymentsThisHour, DAY_MS, type UsageState } from '../../src/policy/usage.js'
 
 const now = Date.parse('2026-06-01T00:00:00Z')
 const policy = (body: object) => mergePolicy(defaultPolicy(), body, 'a')
@@ -55,12 +55,12 @@ t.test('budget: exact fit passes, one unit over fails, holds count, period reset
   u = hold(u, { id: 'h1', amount: String(9n * U), at: now })
   t.equal(decide(p, u, { host: 'x.com', amount: U }, now).ok, true, 'exactly at the budget')
   t.equal(decide(p, u, { host: 'x.com', amount: U + 1n }, now).ok, false, 'in-flight hold counts')
-  u = commit(u, 'h1', now)
+  u = commit(u, 'h1', now, 10)
   t.equal(u.periodStart, now, 'the first payment opens the period')
   t.equal(usedToday(u, now), 9n * U)
   t.equal(decide(p, u, { host: 'x.com', amount: 2n * U }, now + DAY_MS - 1).ok, false, 'still in the period')
   t.equal(decide(p, u, { host: 'x.com', amount: 10n * U }, now + DAY_MS).ok, true, 'new period after 24 h')
-  const later = commit(hold(u, { id: 'h2', amount: String(U), at: now + DAY_MS }), 'h2', now + DAY_MS)
+  const later = commit(hold(u, { id: 'h2', amount: String(U), at: now + DAY_MS }), 'h2', now + DAY_MS, 10)
   t.equal(later.periodStart, now + DAY_MS)
   t.equal(usedToday(later, now + DAY_MS), U, 'usage reset')
   t.same(release(hold(u, { id: 'h3', amount: '5', at: now }), 'h3').holds, [], 'release drops the hold')
@@ -73,4 +73,17 @@ t.test('rate limit counts payments and in-flight holds in a sliding window', asy
   u = hold(u, { id: 'x', amount: '1', at: now })
   t.equal(decide(p, u, { host: 'x.com', amount: 1n }, now).ok, false)
   t.equal(decide(p, u, { host: 'x.com', amount: 1n }, now + 30_001).ok, true, 'the window slides')
+})
+
+t.test('usage stays small: timestamps capped at the rate limit, minute buckets for the hour', async (t) => {
+  let u = emptyUsage()
+  for (let i = 0; i < 500; i++) {
+    u = commit(hold(u, { id: `p${i}`, amount: '1', at: now + i * 1000 }), `p${i}`, now + i * 1000, 3)
+  }
+  t.equal(u.payments.length, 3, 'only as many timestamps as the rate limit needs')
+  t.same(u.payments, [now + 497_000, now + 498_000, now + 499_000])
+  t.ok((u.perMinute ?? []).length <= 61, 'at most an hour of minute buckets')
+  t.equal(paymentsThisHour(u, now + 499_000), 500 - 0, 'all 500 fell within the trailing hour')
+  t.equal(paymentsThisHour(u, now + 499_000 + 3_600_000), 0)
+  t.equal(commit(hold(emptyUsage(), { id: 'x', amount: '1', at: now }), 'x', now, 0).payments.length, 0, 'no rate limit: no timestamps kept')
 })

@@ -76,7 +76,7 @@ t.test('validation table names the field', async (t) => {
 t.test('view shows usage from stored payments', async (t) => {
   const now = Date.parse('2026-05-01T12:00:00Z')
   const p = mergePolicy(base, { dailyBudget: { usdc: 10 }, rateLimit: { calls: 5, window: '1m' } }, 'a1')
-  const usage = { periodStart: now - 2 * HOUR_MS, spent: '2500000', payments: [now - 2 * HOUR_MS, now - 30 * 60_000, now - 1000] }
+  const usage = { periodStart: now - 2 * HOUR_MS, spent: '2500000', payments: [now - 2 * HOUR_MS, now - 30 * 60_000, now - 1000], perMinute: [[now - 2 * HOUR_MS, 1], [now - 30 * 60_000, 1], [now - 60_000, 1]] as [number, number][] }
   const v = policyView('a1', p, usage, now) as any
   t.same(v.dailyBudget, { usdc: 10, usedToday: 2.5 })
   t.same(v.rateLimit, { calls: 5, window: '1m', usedThisHour: 2 })
