@@ -43,8 +43,11 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   const murl = `http://127.0.0.1:${(merchant.address() as AddressInfo).port}`
   required = requirement(`${murl}/paid`)
 
-  await gw.api('POST', '/v1/agents', { body: { agentId: 'bench' } })
-  await gw.api('POST', '/v1/wallets', { body: { agentId: 'bench' } })
+  const CALLERS = 16
+  for (let i = 0; i < CALLERS; i++) {
+    await gw.api('POST', '/v1/agents', { body: { agentId: `bench${i}` } })
+    await gw.api('POST', '/v1/wallets', { body: { agentId: `bench${i}` } })
+  }
 
   const mpool = new Pool(murl, { connections: 32 })
   const apool = new Pool(gw.url, { connections: 32 })
@@ -56,13 +59,17 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
     await plain()
     await plain()
   }
-  const payBody = JSON.stringify({ agentId: 'bench', endpoint: `${murl}/paid`, method: 'GET' })
+  const payBody = (agent: number): string => JSON.stringify({ agentId: `bench${agent}`, endpoint: `${murl}/paid`, method: 'GET' })
   const headers = { authorization: `Bearer ${gw.accountKey}`, 'content-type': 'application/json' }
-  const paid = async (): Promise<void> => {
-    const r = await apool.request({ path: '/v1/pay', method: 'POST', headers, body: payBody })
+  const paidAs = async (agent: number): Promise<void> => {
+    const r = await apool.request({ path: '/v1/pay', method: 'POST', headers, body: payBody(agent) })
     const text = await r.body.text()
     if (r.statusCode !== 200 || !text.includes('"txHash":"0x')) throw new Error(`pay failed: ${r.statusCode} ${text}`)
   }
+
+  const paid = (): Promise<void> => paidAs(0)
+  let next = 0
+  const paidManyAgents = (): Promise<void> => paidAs(next++ % CALLERS)
 
   // Warm up both paths.
   await timeSequential(200, 5_000, floor)
@@ -72,6 +79,7 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   const p = await timeSequential(opts.sequential, opts.maxMs, paid)
   const ft = await throughput(16, opts.concurrent, opts.maxMs, floor)
   const pt = await throughput(16, opts.concurrent, opts.maxMs, paid)
+  const pm = await throughput(16, opts.concurrent, opts.maxMs, paidManyAgents)
   const drainStart = Date.now()
   const drained = await gw.gw.outbox.drain(120_000)
   const drainMs = Date.now() - drainStart
@@ -79,7 +87,9 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   console.log('\n== paid POST /v1/pay vs floor (two plain round trips to the same merchant) ==')
   console.log(`sequential: floor p50 ${fmt(f.p50, 3)} ms p99 ${fmt(f.p99, 3)} ms (n=${f.n}); paid p50 ${fmt(p.p50, 3)} ms p99 ${fmt(p.p99, 3)} ms (n=${p.n})`)
   console.log(`ratio paid/floor: p50 ${fmt(p.p50 / f.p50)}x (+${fmt(p.p50 - f.p50, 3)} ms), p99 ${fmt(p.p99 / f.p99)}x (+${fmt(p.p99 - f.p99, 3)} ms)`)
-  console.log(`16 callers: floor ${fmt(ft.perSec, 0)} pairs/s (n=${ft.n}); paid ${fmt(pt.perSec, 0)} paid/s (n=${pt.n}); ratio ${fmt(pt.perSec / ft.perSec)}x`)
+  console.log(`16 callers: floor ${fmt(ft.perSec, 0)} pairs/s (n=${ft.n})`)
+  console.log(`  one agent: ${fmt(pt.perSec, 0)} paid/s (n=${pt.n}); ratio to floor ${fmt(pt.perSec / ft.perSec)}x`)
+  console.log(`  16 agents: ${fmt(pm.perSec, 0)} paid/s (n=${pm.n}); ratio to floor ${fmt(pm.perSec / ft.perSec)}x`)
   console.log(`ledger outbox: every record confirmed on chain: ${drained} (${drainMs} ms after the last payment)`)
 
   await apool.close()

@@ -1,53 +1,58 @@
 /**
- * Embedded dev chain: a real `anvil` (npm `@foundry-rs/anvil` 1.7.1) child process behind a
- * journaling JSON-RPC front, so that acknowledged writes survive a SIGKILL of Paygate.
+ * Embedded dev chain: a real `anvil` (npm `@foundry-rs/anvil-linux-amd64` 1.7.1) child process
+ * behind a journaling JSON-RPC front, so that acknowledged writes survive a SIGKILL of Paygate.
  *
  * Design
- * - anvil runs with `--no-mining`; this module mines: a tx arriving on an idle chain is mined at
- *   once, under load one block every `blockTimeMs` (default 200) holds all pending txs. No empty
- *   blocks are mined while idle. Chain time follows the wall clock (`evm_increaseTime` adds an
- *   offset that survives restarts).
- * - Every state-changing call (sends, evm_*, hardhat_ and anvil_ setters, mines with their exact
- *   timestamp) is appended to `journal-<gen>.ndjson` (write(2) before the answer goes out: a
- *   SIGKILL of Paygate loses nothing acknowledged; a power cut is not covered) and serialised, so
- *   that the journal order is anvil's order. Reads go straight through.
- * - Snapshots: `anvil_dumpState` (blocks, receipts, state) to `snap-<gen>/state.json`, taken when
- *   the chain has been idle for 2 s with a tail worth replaying, when the estimated replay time of
- *   the journal tail passes 2 s, and on close(); pending txs are mined first and still-unmined ones
- *   are carried into the next journal. Start = `--load-state` of the newest snapshot + replay of its
- *   journal (same tx hashes, blocks, timestamps).
- * - Talks to anvil over its IPC socket (3x less latency per call than HTTP); serves HTTP JSON-RPC
- *   (batches too) on `host:port`, and `request()` for viem `custom()` in process.
- * - The child never outlives Paygate: it runs under a `/bin/sh` watchdog whose stdin is a pipe
- *   from this process; when the pipe closes (close(), exit, SIGKILL) the watchdog kills anvil.
- *   A stale anvil left from a crashed run (pid file) is killed by pid at start.
+ * - anvil runs with `--no-mining`; this module mines. After a block of 0-2 txs the next tx is
+ *   mined within ~10-50 ms; under load one block every `blockTimeMs` (250) holds all waiting txs.
+ *   No empty blocks while idle. Chain time follows the wall clock; an `evm_increaseTime` offset
+ *   survives restarts.
+ * - Every state-changing call (sends, evm_ and hardhat_/anvil_ setters, mines with their exact
+ *   timestamps) is serialised and appended to `journal-<gen>.ndjson` with write(2) before the
+ *   answer goes out, so a SIGKILL of Paygate loses nothing acknowledged (a power cut can: no
+ *   fsync per call). Reads go straight through.
+ * - Snapshots: `anvil_dumpState` (state, blocks, receipts, logs) into `snap-<gen>/state.json`
+ *   when the chain has been idle for 2 s with a tail worth replaying, when the estimated restart
+ *   time (load the snapshot + replay the journal tail) passes `restartBudgetMs`, and on close().
+ *   Pending txs are mined first; unmined ones (nonce gaps) are carried into the next journal.
+ *   Start = `--load-state` of the newest complete snapshot + replay of the journals after it
+ *   (same tx hashes, blocks, block hashes and timestamps).
+ * - Talks to anvil over its IPC socket (88 us per call vs 286 us over HTTP). Serves HTTP
+ *   JSON-RPC (batches too) on `host:port` for merchants, facilitators and wallets, and
+ *   `request()` for viem `custom()` in process. `anvil_*` and `hardhat_*` dev methods work
+ *   (setBalance, impersonation, evm_increaseTime, evm_mine, snapshots/revert); reset, dump/load
+ *   and interval mining are refused (this module owns them).
+ * - anvil never outlives Paygate: it runs under a `/bin/sh` watchdog reading a pipe from this
+ *   process; when the pipe closes (close(), exit, crash, SIGKILL) the watchdog kills anvil by pid.
+ *   close() also kills both by pid; a stale anvil recorded in `anvil.pid` is killed at start.
  *
- * Measured (2 cores, Node 20.20; ledger record() storing a bytes32 digest + event with strings,
- * ~120k gas; one sender, local nonces, 8 in flight, figures +-30%):
+ * Measured on the 2-core dev box (noisy, +-30%), ledger `record()` txs (~120k gas) signed with
+ * locally managed nonces, 8 in flight; bench/devnet-soak.ts reproduces the anvil column.
  *
- * | | EDR 0.20 in-process | anvil 1.7.1 child (this file) |
+ * | | EDR 0.20 in-process (prototype) | anvil 1.7.1 child (this file) |
  * |---|---|---|
- * | start, fresh | 120-280 ms (first EdrContext) | 50-60 ms |
- * | record tx/s fresh / after 20k | 875 / 973 (ratio 0.9) | see bench/devnet-soak.ts, e.g. 750 / 690 between snapshots |
- * | snapshot stall at 20k records | none (no snapshots exist) | 1.2-1.7 s (anvil_dumpState, blocks all calls) |
- * | RSS after 20k (node + child) | 360 MB (600 MB after replay) | 145 + 200 MB |
- * | restart with 20k records | 10.0 s: journal replay is the only way back (~2,200 entries/s; EDR has no state dump) | 0.4-0.75 s (load 140 MB state JSON) + tail replay |
- * | SIGKILL of the node process | 0 of 8,000 acked txs lost, restart 4.1 s | 0 of 8,000 lost, watchdog killed anvil, restart 2.2 s with a 3k tail (HTTP; IPC is faster) |
+ * | start, empty chain | 120-280 ms | 45-70 ms |
+ * | record tx/s fresh / after 20k | 875 / 973 (ratio 0.9) | 915-1310 / 556-672 (ratio 1.65-2.1); 818 / 981 with snapshots off |
+ * | sustained tx/s over 20k records | 1,240 | 670-1,040 (includes snapshot stalls) |
+ * | one tx at a time, each waiting for its receipt | ~10/s (100 ms blocks) | 53-60/s fresh, 7-15/s after 20k |
+ * | RSS after 20k (node + child) | 360 MB (600 MB after a replay) | 200-280 + 310-340 MB (up to 750 after restart) |
+ * | restart holding 20k records | 10.0 s: replay is the only way back (EDR has no state dump; ~2,200 entries/s) | 0.65 s (load 123 MB state JSON); 1.8-3.8 s after a SIGKILL (tail replay) |
+ * | SIGKILL of the node process | 0 of 8,000 acked txs lost | 0 of 20,000 lost; anvil killed by the watchdog; same block hashes |
+ * | stalls | none | a snapshot holds the chain ~55 ms per 1,000 records of history (1.0-1.1 s at 20k) |
  *
- * Why anvil: EDR was faster and flat, but keeps everything in memory with no way to dump it, so a
- * restart must re-execute every tx (~0.5 ms each): 20k records = 10 s, twice the 5 s budget, and
- * growing. anvil restores blocks/receipts/state from its own dump in well under a second at 20k.
- * Costs of anvil: (1) anvil recomputes the state root from scratch per block, so a block costs
- * ~3 ms on a fresh chain and ~25-30 ms at 20k ledger records: keep many txs per block (do not
- * wait for each receipt before sending the next record); (2) a snapshot blocks the chain for
- * ~60-80 ms per 1,000 records of history; (3) start-up and snapshot size grow linearly with
- * history (~7 MB of state JSON per 1,000 records): around 80k records a restart passes 5 s.
+ * Why anvil: EDR is faster and flat, but holds everything in memory with no dump, so a restart
+ * re-executes every tx (~0.5 ms each): 20k records = 10 s, twice the 5 s budget, and growing.
+ * anvil reloads blocks, receipts and state from its own dump in 0.65 s at 20k. Its costs:
+ * (1) a block costs ~3 ms to mine on a fresh chain and ~25 ms with 20k ledger records (anvil
+ * rebuilds the state root), so send records without waiting for each receipt (or accept
+ * 7-15 records/s for a strictly sequential writer at 20k); (2) snapshot stalls and state size
+ * grow with history (~6 MB of JSON per 1,000 records): around 80k records a clean restart alone
+ * passes ~3.5 s and snapshots stall ~4 s; prune or archive history before that.
  *
- * Packages: `@foundry-rs/anvil-linux-amd64@1.7.1` (the binary; no install script; a direct
- * dependency is enough). `@foundry-rs/anvil@1.7.1` (wrapper, optional) has a postinstall that only
- * checks/downloads the binary: not needed, leave it out of allowScripts. Other platforms:
- * `@foundry-rs/anvil-{linux-arm64,darwin-arm64,darwin-amd64}` (optionalDependencies) or
- * `PAYGATE_ANVIL_PATH`.
+ * Packages: `@foundry-rs/anvil-linux-amd64@1.7.1` (the binary; no install script). The wrapper
+ * `@foundry-rs/anvil` is not needed (its postinstall only fetches/checks the binary). Other
+ * platforms: `@foundry-rs/anvil-{linux-arm64,darwin-arm64,darwin-amd64}@1.7.1` as
+ * optionalDependencies, or `PAYGATE_ANVIL_PATH`. Linux/macOS only (`/bin/sh` watchdog).
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
@@ -75,8 +80,11 @@ export interface DevnetOptions {
   log?: (msg: string, fields?: object) => void
   /** Path of the anvil binary (default: env PAYGATE_ANVIL_PATH, else the npm package). */
   anvilPath?: string
-  /** Snapshot when the estimated journal-tail replay exceeds this (ms). Default 2000. */
-  maxReplayMs?: number
+  /**
+   * Snapshot when loading the last snapshot plus replaying the journal tail would take longer
+   * than this (ms, estimated from the snapshot size and the tail's measured cost). Default 3500.
+   */
+  restartBudgetMs?: number
   /** Snapshot after this much idle time when the tail is worth replaying (ms). Default 2000. */
   idleSnapshotMs?: number
 }
@@ -88,6 +96,9 @@ export interface DevnetStats {
   replayed: number
   replayMs: number
   loadMs: number
+  /** moving average of the time one block takes to mine */
+  mineMs: number
+  /** how long each of the last snapshots held the chain */
   snapshotMs: number[]
 }
 
@@ -127,6 +138,8 @@ const AUTOMINE_QUERIES = new Set(['hardhat_getAutomine', 'anvil_getAutomine'])
 const AUTOMINE_SETTERS = new Set(['evm_setAutomine', 'anvil_setAutomine'])
 
 const MIN_BLOCK_GAP_MS = 10
+/** data dirs open in this process */
+const openDirs = new Set<string>()
 const isReadOnly = (m: string): boolean => READ_ONLY.has(m) || READ_PREFIXES.some((p) => m.startsWith(p))
 const rpcError = (id: unknown, code: number, message: string): RpcResponse => ({ jsonrpc: '2.0', id, error: { code, message } })
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
@@ -341,20 +354,20 @@ interface SnapshotMeta {
 export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const log = opts.log ?? ((): void => {})
   const blockTimeMs = opts.blockTimeMs ?? 250
-  const maxReplayMs = opts.maxReplayMs ?? 2000
+  const restartBudgetMs = opts.restartBudgetMs ?? 3500
   const idleSnapshotMs = opts.idleSnapshotMs ?? 2000
   const dir = path.resolve(opts.dataDir)
   fs.mkdirSync(dir, { recursive: true })
 
   // one owner per data dir
   const lockFile = path.join(dir, 'devnet.lock')
+  if (openDirs.has(dir)) throw new Error(`embedded chain: ${dir} is already open in this process`)
   try {
     const holder = Number(fs.readFileSync(lockFile, 'utf8'))
     if (holder && holder !== process.pid && pidAlive(holder)) throw new Error(`embedded chain: ${dir} is in use by process ${holder}`)
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e
   }
-  fs.writeFileSync(lockFile, String(process.pid))
 
   const metaFile = path.join(dir, 'chain.json')
   let meta: ChainMeta
@@ -367,6 +380,13 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     meta = { format: 1, engine: 'anvil', chainId: opts.chainId, genesisTime: Math.floor(Date.now() / 1000), hardfork: 'prague' }
     fs.writeFileSync(metaFile + '.tmp', JSON.stringify(meta))
     fs.renameSync(metaFile + '.tmp', metaFile)
+  }
+
+  fs.writeFileSync(lockFile, String(process.pid))
+  openDirs.add(dir)
+  const unlock = (): void => {
+    openDirs.delete(dir)
+    fs.rmSync(lockFile, { force: true })
   }
 
   // a stale anvil from a crashed run (its watchdog should have killed it)
@@ -404,8 +424,10 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   let gen = Math.max(base, ...journals)
   let offset = 0 // desired chain-time offset (s) relative to the wall clock
   let loadState: string | undefined
+  let stateMb = 0 // size of the newest snapshot: loading it takes ~6 ms per MB
   if (base > 0) {
     loadState = path.join(dir, `snap-${base}`, 'state.json')
+    stateMb = fs.statSync(loadState).size / 2 ** 20
     offset = (JSON.parse(fs.readFileSync(path.join(dir, `snap-${base}`, 'meta.json'), 'utf8')) as SnapshotMeta).offset
   }
 
@@ -416,7 +438,13 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   ]
   if (loadState) args.push('--load-state', loadState)
   const tLoad = performance.now()
-  const child = await spawnAnvil(anvilBinary(opts.anvilPath), args, pidFile, log)
+  let child: Child
+  try {
+    child = await spawnAnvil(anvilBinary(opts.anvilPath), args, pidFile, log)
+  } catch (e) {
+    unlock()
+    throw e
+  }
   const loadMs = performance.now() - tLoad
 
   let closed = false
@@ -527,6 +555,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     }
 
     // ---- snapshots ----
+    const tailBudgetMs = (): number => Math.max(1000, restartBudgetMs - 6 * stateMb)
     // The chain is held only while anvil dumps; unpacking and writing the files happens after,
     // while new calls already go to the next journal.
     let commits: Promise<void> = Promise.resolve()
@@ -537,6 +566,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       await pipeline(Readable.from([Buffer.from(state.slice(2), 'hex')]), zlib.createGunzip(), fs.createWriteStream(path.join(tmp, 'state.json')))
       fs.writeFileSync(path.join(tmp, 'meta.json'), JSON.stringify(sm))
       fs.renameSync(tmp, path.join(dir, `snap-${g}`)) // commit point
+      stateMb = fs.statSync(path.join(dir, `snap-${g}`, 'state.json')).size / 2 ** 20
       for (const f of fs.readdirSync(dir)) {
         const m = /^(snap|journal)-(\d+)(\.ndjson)?$/.exec(f)
         if (m && Number(m[2]) < g) fs.rmSync(path.join(dir, f), { recursive: true, force: true })
@@ -561,6 +591,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       const sm: SnapshotMeta = { offset, blocks, at: new Date().toISOString() }
       const ms = Math.round(performance.now() - t)
       snapshotMs.push(ms)
+      if (snapshotMs.length > 50) snapshotMs.shift()
       const tc = performance.now()
       commits = commits
         .then(() => commit(next, state, sm))
@@ -603,7 +634,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           serial(async () => {
             if (closed) return 0
             const n = await mineLocked()
-            if (tailCostMs > maxReplayMs) await snapshot()
+            if (tailCostMs > tailBudgetMs()) await snapshot()
             return n
           }).then(
             (n) => {
@@ -685,7 +716,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           } else if (/time|revert/i.test(method)) await recordOffset()
         }
         tailCostMs += performance.now() - t
-        if (tailCostMs > maxReplayMs * 1.5) await snapshot() // sustained writes without mining (automine off)
+        if (tailCostMs > tailBudgetMs() * 1.5) await snapshot() // sustained writes without mining (automine off)
         return reply(r)
       })
     }
@@ -752,7 +783,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       chainId: opts.chainId,
       childPid: child.anvilPid,
       request,
-      stats: () => ({ blocks, generation: gen, tailEntries, replayed, replayMs, loadMs, snapshotMs: [...snapshotMs] }),
+      stats: () => ({ blocks, generation: gen, tailEntries, replayed, replayMs, loadMs, mineMs: Math.round(mineMs * 10) / 10, snapshotMs: [...snapshotMs] }),
       close: () =>
         (closing ??= (async () => {
           clearInterval(idleTimer)
@@ -773,13 +804,13 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           fs.closeSync(fd)
           await stopAnvil(child)
           fs.rmSync(pidFile, { force: true })
-          fs.rmSync(lockFile, { force: true })
+          unlock()
         })()),
     }
   } catch (e) {
     closed = true
     await stopAnvil(child)
-    fs.rmSync(lockFile, { force: true })
+    unlock()
     throw e
   }
 }

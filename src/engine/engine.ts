@@ -13,8 +13,8 @@ import { decide } from '../policy/decide.js'
 import { domainOf } from '../policy/domains.js'
 import type { PolicyStore } from '../policy/store.js'
 import type { Store } from '../store/index.js'
-import { commit, heldAmount, hold, release, usedToday, type UsageState } from '../policy/usage.js'
-import type { HttpAnswer, Offer, PayableChain, Settlement } from '../protocols/types.js'
+import { commit, heldAmount, hold, release, usedToday } from '../policy/usage.js'
+import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain, Settlement } from '../protocols/types.js'
 import { authorizationFor, choose, detectX402, paymentHeaders, readSettlement, sameOrigin, typedData, typedDataDigest } from '../protocols/x402.js'
 import type { Clock } from '../util/clock.js'
 import { formatUnits, toUsdcNumber } from '../util/money.js'
@@ -153,60 +153,61 @@ export class PaymentEngine {
       offer: { shape: offer.shape, scheme: offer.scheme, network: offer.network, asset: offer.asset, payTo: offer.payTo, resource: offer.resource },
     }
     const wallet = await this.d.wallets.require(agentId)
+    const signer = await this.d.wallets.signer(agentId)
 
-    // Policy and reservation, atomically per agent.
+    // Policy, funds, signature and reservation, atomically per agent: one batch writes the
+    // hold and the record with its signed authorization before anything leaves.
     const reserved = await this.withUsage(agentId, async () => {
       const [policy, usage] = await Promise.all([this.d.policies.policyOf(agentId), this.d.policies.usageOf(agentId)])
       const decision = decide(policy, usage, { host: domainOf(req.url), amount: offer.amount }, now)
       if (!decision.ok) {
-        const rec: TxRecord = { ...base, status: 'rejected', reason: decision.reason, detail: decision.detail }
-        await this.d.transactions.put(rec)
-        return { rejected: rec, decision }
+        await this.d.transactions.put({ ...base, status: 'rejected', reason: decision.reason, detail: decision.detail })
+        return { kind: 'rejected' as const, reason: decision.reason, detail: decision.detail }
       }
-      const next = hold(usage, { id: base.id, amount: base.amount, at: now })
-      await this.d.store.batch([this.d.policies.usageOp(agentId, next), ...this.d.transactions.ops(base)])
-      return { rejected: null, usage: next }
+      // Funds: the on-chain balance less what other in-flight payments have reserved.
+      const balance = await this.d.chain.balanceOf(wallet.address)
+      const available = balance - heldAmount(usage)
+      if (available < offer.amount) {
+        await this.d.transactions.put({ ...base, status: 'failed', error: 'insufficient_funds' })
+        return { kind: 'funds' as const, balance, available }
+      }
+      const auth = authorizationFor(offer, { from: wallet.address, nonce: `0x${randomBytes(32).toString('hex')}`, nowSeconds: this.d.clock.now() / 1000 })
+      const signature = signer.signDigest65(typedDataDigest(typedData(offer, auth, this.d.chain.info.chainId, { name: 'USD Coin', version: '2' })))
+      const authorization: StoredAuthorization = {
+        from: auth.from,
+        to: auth.to,
+        value: auth.value.toString(),
+        validAfter: auth.validAfter.toString(),
+        validBefore: auth.validBefore.toString(),
+        nonce: auth.nonce,
+        signature,
+      }
+      const rec: TxRecord = { ...base, authorization }
+      await this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)])
+      return { kind: 'reserved' as const, rec, auth, signature }
     })
-    if (reserved.rejected) {
-      const d = reserved.decision as { reason: string; detail: string }
-      this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: d.reason, detail: d.detail, endpoint: base.endpoint, transactionId: base.id })
-      throw new PaygateError('policy_violation', d.detail, { reason: d.reason })
+    if (reserved.kind === 'rejected') {
+      this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: reserved.reason, detail: reserved.detail, endpoint: base.endpoint, transactionId: base.id })
+      throw new PaygateError('policy_violation', reserved.detail, { reason: reserved.reason })
+    }
+    if (reserved.kind === 'funds') {
+      const { balance, available } = reserved
+      throw new PaygateError('insufficient_funds', `wallet holds ${formatUnits(balance)} USDC with ${formatUnits(balance - available)} reserved; ${formatUnits(offer.amount)} needed`, {
+        required: { usdc: toUsdcNumber(offer.amount) },
+        available: { usdc: toUsdcNumber(available > 0n ? available : 0n) },
+      })
     }
     this.inFlight.add(base.id)
     try {
-      return await this.signAndSend(req, offer, base, wallet.address, reserved.usage!)
+      return await this.send402Paid(req, offer, reserved.rec, reserved.auth, reserved.signature)
     } finally {
       this.inFlight.delete(base.id)
     }
   }
 
-  private async signAndSend(req: PayRequest, offer: Offer, base: TxRecord, from: `0x${string}`, usage: UsageState): Promise<PayOutcome> {
-    // Funds: the on-chain balance less what other in-flight payments have reserved.
-    const balance = await this.d.chain.balanceOf(from)
-    const others = heldAmount(usage) - offer.amount
-    if (balance - others < offer.amount) {
-      await this.finish(base, { status: 'failed', error: 'insufficient_funds' }, 'release')
-      throw new PaygateError('insufficient_funds', `wallet holds ${formatUnits(balance)} USDC with ${formatUnits(others)} reserved; ${formatUnits(offer.amount)} needed`, {
-        required: { usdc: toUsdcNumber(offer.amount) },
-        available: { usdc: toUsdcNumber(balance - others > 0n ? balance - others : 0n) },
-      })
-    }
-
-    const signer = await this.d.wallets.signer(req.agentId)
-    const auth = authorizationFor(offer, { from, nonce: `0x${randomBytes(32).toString('hex')}`, nowSeconds: this.d.clock.now() / 1000 })
-    const signature = signer.signDigest65(typedDataDigest(typedData(offer, auth, this.d.chain.info.chainId, { name: 'USD Coin', version: '2' })))
-    const stored: StoredAuthorization = {
-      from: auth.from,
-      to: auth.to,
-      value: auth.value.toString(),
-      validAfter: auth.validAfter.toString(),
-      validBefore: auth.validBefore.toString(),
-      nonce: auth.nonce,
-      signature,
-    }
-    // Persist the signed authorization before it leaves: the reconciler can always tell paid from not.
-    let rec: TxRecord = { ...base, authorization: stored, updatedAt: this.d.clock.now() }
-    await this.d.transactions.put(rec, base)
+  /** Retry the request with the payment; the same authorization on transient failures, never a second one. */
+  private async send402Paid(req: PayRequest, offer: Offer, signed: TxRecord, auth: Eip3009Authorization, signature: `0x${string}`): Promise<PayOutcome> {
+    let rec = signed
     const headers = paymentHeaders(offer, auth, signature)
 
     let last: { response: UpstreamResponse | null; error: string } = { response: null, error: '' }

@@ -31,6 +31,7 @@ export class Outbox {
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
   private closed = false
+  private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
 
   constructor(
     private readonly store: Store,
@@ -59,22 +60,42 @@ export class Outbox {
 
   /**
    * Sign the ledger record and write it together with `ops(hash)` (the caller's own
-   * records) in one atomic batch. Returns the ledger transaction hash.
+   * records) in one atomic batch. Returns the ledger transaction hash. Concurrent calls
+   * are group-committed: consecutive nonces, one LevelDB batch.
    */
-  async record(entry: LedgerEntry, txId: string, ops: (hash: Hex) => BatchOp[]): Promise<Hex> {
-    const hash = await this.lock.run('nonce', async () => {
-      const nonce = this.nextNonce
-      const signed = await this.writer.sign(entry, nonce)
-      await this.store.batch([
-        { type: 'put', coll: this.entries, key: nonceKey(nonce), value: { nonce: nonce.toString(), txId, raw: signed.raw, hash: signed.hash } },
-        { type: 'put', coll: this.meta, key: NONCE_KEY, value: (nonce + 1n).toString() },
-        ...ops(signed.hash),
-      ])
-      this.nextNonce = nonce + 1n
-      return signed.hash
+  record(entry: LedgerEntry, txId: string, ops: (hash: Hex) => BatchOp[]): Promise<Hex> {
+    return new Promise<Hex>((resolve, reject) => {
+      this.queue.push({ entry, txId, ops, resolve, reject })
+      if (this.queue.length === 1) queueMicrotask(() => void this.flush())
     })
+  }
+
+  private async flush(): Promise<void> {
+    await this.lock.run('nonce', async () => {
+      const group = this.queue.splice(0, this.queue.length)
+      if (!group.length) return
+      const batch: BatchOp[] = []
+      const hashes: Hex[] = []
+      let nonce = this.nextNonce
+      try {
+        for (const g of group) {
+          const signed = await this.writer.sign(g.entry, nonce)
+          batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash } })
+          batch.push(...g.ops(signed.hash))
+          hashes.push(signed.hash)
+          nonce++
+        }
+        batch.push({ type: 'put', coll: this.meta, key: NONCE_KEY, value: nonce.toString() })
+        await this.store.batch(batch)
+      } catch (e) {
+        for (const g of group) g.reject(e)
+        return
+      }
+      this.nextNonce = nonce
+      group.forEach((g, i) => g.resolve(hashes[i]!))
+    })
+    if (this.queue.length) void this.flush()
     this.schedule(0)
-    return hash
   }
 
   private schedule(ms: number): void {
