@@ -117,3 +117,30 @@ t.test('deleting an agent archives its wallet key instead of destroying it', asy
   t.equal(archived?.address, w.address)
   t.equal((await gw.api('GET', '/v1/wallets/temp')).status, 404)
 })
+
+t.test('the embedded chain: JSON-RPC on loopback with dev methods, time following the wall clock', async (t) => {
+  const rpc = async (method: string, params: unknown[] = []): Promise<any> => {
+    const r = await fetch(chainInfo.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method, params }) })
+    const j = (await r.json()) as { result?: unknown; error?: { message: string } }
+    if (j.error) throw new Error(`${method}: ${j.error.message}`)
+    return j.result
+  }
+  t.equal(Number(await rpc('eth_chainId')), 31337)
+  const who = privateKeyToAccount(generatePrivateKey()).address
+  await rpc('anvil_setBalance', [who, '0x10'])
+  t.equal(BigInt(await rpc('eth_getBalance', [who, 'latest'])), 16n, 'anvil_setBalance')
+  await rpc('hardhat_setBalance', [who, '0x20'])
+  t.equal(BigInt(await rpc('eth_getBalance', [who, 'latest'])), 32n, 'hardhat_setBalance')
+  const before = Number(await rpc('eth_blockNumber'))
+  await rpc('evm_mine')
+  t.equal(Number(await rpc('eth_blockNumber')), before + 1, 'evm_mine')
+  const ts = Number((await rpc('eth_getBlockByNumber', ['latest', false])).timestamp)
+  t.ok(Math.abs(ts - Date.now() / 1000) < 5, `block time ${ts} follows the wall clock`)
+  // A batch request works too.
+  const batch = await fetch(chainInfo.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify([{ jsonrpc: '2.0', id: 1, method: 'eth_chainId' }, { jsonrpc: '2.0', id: 2, method: 'eth_blockNumber' }]) })
+  t.equal(((await batch.json()) as unknown[]).length, 2, 'JSON-RPC batches')
+  await rpc('evm_increaseTime', [120])
+  await rpc('evm_mine')
+  const ts2 = Number((await rpc('eth_getBlockByNumber', ['latest', false])).timestamp)
+  t.ok(ts2 - ts >= 120, 'evm_increaseTime moves chain time forward')
+})
