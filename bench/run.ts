@@ -2,10 +2,20 @@
  * `npm run bench [name...]`: every benchmark prints its figures as ratios against a
  * baseline measured in the same run. Loads are bounded in count and time; loopback only.
  */
+import { spawnSync } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
 import { benchPay } from './pay.js'
+
+/** The devnet soak runs in its own process, so its memory figures are its own. */
+function benchDevnet(): Promise<void> {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./devnet-soak.ts', import.meta.url))], { stdio: 'inherit', timeout: 300_000 })
+  if (r.status !== 0) throw new Error(`devnet soak failed (${r.status ?? r.signal})`)
+  return Promise.resolve()
+}
 
 const benches: Record<string, () => Promise<void>> = {
   pay: () => benchPay({ sequential: 2000, concurrent: 20_000, maxMs: 20_000 }),
+  devnet: benchDevnet,
 }
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))

@@ -109,6 +109,7 @@ export class Chain {
         chainId: c.chainId,
         host: c.rpcHost,
         port: c.rpcPort,
+        ...(c.anvilPath ? { anvilPath: c.anvilPath } : {}),
         log: (msg, fields) => log.info({ component: 'devnet', ...fields }, msg),
       })
       rpcUrl = devnet.rpcUrl

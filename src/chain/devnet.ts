@@ -32,12 +32,12 @@
  * | | EDR 0.20 in-process (prototype) | anvil 1.7.1 child (this file) |
  * |---|---|---|
  * | start, empty chain | 120-280 ms | 45-70 ms |
- * | record tx/s fresh / after 20k | 875 / 973 (ratio 0.9) | 915-1310 / 556-672 (ratio 1.65-2.1); 818 / 981 with snapshots off |
- * | sustained tx/s over 20k records | 1,240 | 670-1,040 (includes snapshot stalls) |
+ * | record tx/s fresh / after 20k | 875 / 973 (ratio 0.9) | 915-1310 / 479-672 (ratio 1.65-2.2: the window holds a ~1 s snapshot); 818 / 981 with snapshots off |
+ * | sustained tx/s over 20k records | 1,240 | 660-1,040 (includes snapshot stalls) |
  * | one tx at a time, each waiting for its receipt | ~10/s (100 ms blocks) | 53-60/s fresh, 7-15/s after 20k |
  * | RSS after 20k (node + child) | 360 MB (600 MB after a replay) | 200-280 + 310-340 MB (up to 750 after restart) |
- * | restart holding 20k records | 10.0 s: replay is the only way back (EDR has no state dump; ~2,200 entries/s) | 0.65 s (load 123 MB state JSON); 1.8-3.8 s after a SIGKILL (tail replay) |
- * | SIGKILL of the node process | 0 of 8,000 acked txs lost | 0 of 20,000 lost; anvil killed by the watchdog; same block hashes |
+ * | restart holding 20k records | 10.0 s: replay is the only way back (EDR has no state dump; ~2,200 entries/s) | 0.65-0.72 s (load 123 MB state JSON); 1.8-2.8 s after a SIGKILL (tail replay; 3.8 s worst seen) |
+ * | SIGKILL of the node process | 0 of 8,000 acked txs lost | 0 lost in 8 runs (3k-22k acked); anvil killed by the watchdog; same block hashes |
  * | stalls | none | a snapshot holds the chain ~55 ms per 1,000 records of history (1.0-1.1 s at 20k) |
  *
  * Why anvil: EDR is faster and flat, but holds everything in memory with no dump, so a restart
@@ -78,7 +78,7 @@ export interface DevnetOptions {
    */
   blockTimeMs?: number
   log?: (msg: string, fields?: object) => void
-  /** Path of the anvil binary (default: env PAYGATE_ANVIL_PATH, else the npm package). */
+  /** Path of the anvil binary (default: config chain.anvilPath, else the npm package). */
   anvilPath?: string
   /**
    * Snapshot when loading the last snapshot plus replaying the journal tail would take longer
@@ -154,8 +154,7 @@ function pidAlive(pid: number): boolean {
 }
 
 function anvilBinary(explicit?: string): string {
-  const p = explicit ?? process.env.PAYGATE_ANVIL_PATH
-  if (p) return p
+  if (explicit) return explicit
   const arch = process.arch === 'x64' ? 'amd64' : process.arch
   const pkg = `@foundry-rs/anvil-${process.platform}-${arch}`
   const require = createRequire(import.meta.url)
@@ -163,7 +162,7 @@ function anvilBinary(explicit?: string): string {
   try {
     dir = path.dirname(require.resolve(`${pkg}/package.json`))
   } catch {
-    throw new Error(`embedded chain: npm package ${pkg} is not installed (or set PAYGATE_ANVIL_PATH, or configure chain.rpcUrl)`)
+    throw new Error(`embedded chain: npm package ${pkg} is not installed (set chain.anvilPath, PAYGATE_CHAIN_ANVIL_PATH, or configure chain.rpcUrl)`)
   }
   const bin = path.join(dir, 'bin', process.platform === 'win32' ? 'anvil.exe' : 'anvil')
   try {
@@ -252,8 +251,12 @@ interface Child {
   stderrTail: () => string
 }
 
-async function spawnAnvil(bin: string, args: string[], pidFile: string, log: (m: string, f?: object) => void): Promise<Child> {
-  const ipcPath = path.join(os.tmpdir(), `paygate-anvil-${process.pid}-${randomBytes(4).toString('hex')}.ipc`)
+async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: string, log: (m: string, f?: object) => void): Promise<Child> {
+  // in the data dir (a socket left by a killed anvil is replaced next time), unless the path is
+  // too long for a unix socket
+  let ipcPath = path.join(dir, 'anvil.ipc')
+  if (Buffer.byteLength(ipcPath) > 100) ipcPath = path.join(os.tmpdir(), `paygate-anvil-${process.pid}-${randomBytes(4).toString('hex')}.ipc`)
+  fs.rmSync(ipcPath, { force: true })
   // The shell keeps our pipe on fd 3; EOF on it (we closed it, exited or were SIGKILLed) kills anvil.
   const script = 'exec 3<&0; "$0" "$@" </dev/null & p=$!; echo "pid $p"; read -r _ <&3; kill $p 2>/dev/null; wait $p'
   const proc = spawn('/bin/sh', ['-c', script, bin, ...args, '--ipc', ipcPath], { stdio: ['pipe', 'pipe', 'pipe'] })
@@ -440,7 +443,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const tLoad = performance.now()
   let child: Child
   try {
-    child = await spawnAnvil(anvilBinary(opts.anvilPath), args, pidFile, log)
+    child = await spawnAnvil(anvilBinary(opts.anvilPath), args, dir, pidFile, log)
   } catch (e) {
     unlock()
     throw e

@@ -80,6 +80,7 @@ export const KEYS: readonly KeySpec[] = [
   },
   { path: 'chain.rpcHost', kind: 'host', doc: 'Address the embedded chain serves JSON-RPC on (keep it on loopback).' },
   { path: 'chain.rpcPort', kind: 'port', doc: "Port of the embedded chain's JSON-RPC. 0 picks a free port; `GET /v1/chain` shows the URL." },
+  { path: 'chain.anvilPath', kind: 'path', optional: true, doc: 'The anvil binary for the embedded chain. Unset: the one shipped by the npm package for this platform (`@foundry-rs/anvil-linux-amd64`).' },
   { path: 'faucet.usdc', kind: 'amount', doc: 'Embedded chain only (dev faucet): USDC minted to each new wallet and per `POST /v1/wallets/<id>/faucet`.' },
   { path: 'faucet.gasEth', kind: 'amount', doc: 'Embedded chain only (dev faucet): native gas balance (ETH) given to each new wallet.' },
   { path: 'pay.timeoutMs', kind: 'int', min: 100, max: 600_000, doc: 'How long one attempt at the target may take (response headers and each body chunk) before it counts as a transient failure.' },

@@ -20,6 +20,7 @@ export interface Config {
     signerKey: `0x${string}` | null
     rpcHost: string
     rpcPort: number
+    anvilPath: string | null
   }
   /** Dev faucet amounts as decimal strings (USDC, ETH). */
   faucet: { usdc: string; gasEth: string }
