@@ -16,6 +16,7 @@ const created = async (agentId?: string): Promise<{ agentId: string; apiKey: str
 
 const a = await created('agent-a')
 const b = await created('agent-b')
+await gw.api('POST', '/v1/wallets', { body: { agentId: 'agent-a' } })
 const revoked = await gw.api('POST', '/v1/agents/agent-a/keys')
 await gw.api('DELETE', `/v1/keys/${revoked.body.keyId}`)
 
@@ -55,6 +56,18 @@ const endpoints: Endpoint[] = [
   },
   { name: 'GET /v1/policies/<id>', make: async () => ({ method: 'GET', path: '/v1/policies/agent-a' }), ok: 200, self: 200 },
   { name: 'PUT /v1/policies/<id>', make: async () => ({ method: 'PUT', path: '/v1/policies/agent-a', body: { perCallLimit: { usdc: 1 } } }), ok: 200, self: 403 },
+  { name: 'POST /v1/wallets', make: async () => ({ method: 'POST', path: '/v1/wallets', body: { agentId: (await created()).agentId } }), ok: 201, self: 403 },
+  { name: 'GET /v1/wallets/<id>', make: async () => ({ method: 'GET', path: '/v1/wallets/agent-a' }), ok: 200, self: 200 },
+  { name: 'POST /v1/wallets/<id>/faucet', make: async () => ({ method: 'POST', path: '/v1/wallets/agent-a/faucet', body: { usdc: 1 } }), ok: 200, self: 403 },
+  { name: 'GET /v1/chain', make: async () => ({ method: 'GET', path: '/v1/chain' }), ok: 200, self: 403 },
+  { name: 'GET /v1/transactions?agentId=<id>', make: async () => ({ method: 'GET', path: '/v1/transactions?agentId=agent-a' }), ok: 200, self: 200 },
+  {
+    name: 'POST /v1/pay',
+    // A target that is not listening: callers allowed to pay get payment_failed (502), the others 401/403.
+    make: async () => ({ method: 'POST', path: '/v1/pay', body: { agentId: 'agent-a', endpoint: 'http://127.0.0.1:9/x' } }),
+    ok: 502,
+    self: 502,
+  },
 ]
 
 const expected = (e: Endpoint, c: Caller): [number, string | null] => {
