@@ -44,6 +44,7 @@ export interface Gateway {
   readonly transactions: Transactions
   readonly outbox: Outbox
   readonly events: EventBus
+  readonly reconciler: Reconciler
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** First-start account key bootstrap: where the key file is, and the key when just created. */
@@ -132,6 +133,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       transactions,
       outbox,
       events,
+      reconciler,
       apiUrl: urlOf(addr),
       accountKey,
       close: () =>

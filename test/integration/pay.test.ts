@@ -237,3 +237,17 @@ t.test('pay request validation and access', async (t) => {
   t.not(next.body.transactions[0].id, page.body.transactions[0].id, 'the cursor pages on')
   t.ok(page.body.transactions[0].timestamp >= page.body.transactions[1].timestamp, 'newest first')
 })
+
+t.test('parentTxHash links a payment to its parent: depth is the parent depth + 1', async (t) => {
+  const { m } = await merchant('v2')
+  const root = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid` } })
+  const child = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, parentTxHash: root.body.txHash } })
+  t.equal(child.status, 200, child.text)
+  const grand = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, parentTxHash: child.body.txHash } })
+  const c = (await gw.api('GET', `/v1/transactions/${child.body.txHash}`)).body
+  const g = (await gw.api('GET', `/v1/transactions/${grand.body.txHash}`)).body
+  t.same([c.depth, c.parentTxHash], [1, root.body.txHash])
+  t.same([g.depth, g.parentTxHash], [2, child.body.txHash])
+  const unknown = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, parentTxHash: `0x${'ab'.repeat(32)}` } })
+  t.same([unknown.status, unknown.body.field], [400, 'parentTxHash'])
+})
