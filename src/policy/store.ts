@@ -14,7 +14,7 @@ export class PolicyStore {
   private readonly usageCache = new Map<string, UsageState>()
 
   constructor(
-    private readonly store: Store,
+    store: Store,
     private readonly registry: Registry,
     private readonly clock: Clock,
   ) {

@@ -29,7 +29,7 @@ export class Wallets {
   private readonly records = new Map<string, WalletRecord>()
 
   constructor(
-    private readonly store: Store,
+    store: Store,
     private readonly registry: Registry,
     private readonly keystore: Keystore,
     private readonly clock: Clock,

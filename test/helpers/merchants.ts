@@ -663,6 +663,7 @@ export async function startV1Merchant(opts: MerchantOptions): Promise<Merchant> 
 // ---------------------------------------------------------------------------
 // the spec's shapes, our own merchant
 
+/** Written out here on purpose: the merchant verifies independently of Paygate's own x402 code. */
 const TRANSFER_TYPES = {
   TransferWithAuthorization: [
     { name: 'from', type: 'address' },

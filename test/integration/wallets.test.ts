@@ -4,6 +4,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { randomBytes } from 'node:crypto'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { viemChain } from '../../src/chain/chain.js'
+import { TRANSFER_WITH_AUTHORIZATION_TYPES } from '../../src/protocols/x402.js'
 import { startTestGateway } from '../helpers/gateway.js'
 
 const gw = await startTestGateway()
@@ -80,16 +81,7 @@ t.test("an EIP-3009 transfer signed with the agent's wallet settles once; its re
   const auth = { from: account.address, to: payTo, value: 1_250_000n, validAfter: 0n, validBefore: now + 60n, nonce: `0x${randomBytes(32).toString('hex')}` as Hex }
   const signature = await account.signTypedData({
     domain: { name: 'USD Coin', version: '2', chainId: chainInfo.chainId, verifyingContract: chainInfo.token },
-    types: {
-      TransferWithAuthorization: [
-        { name: 'from', type: 'address' },
-        { name: 'to', type: 'address' },
-        { name: 'value', type: 'uint256' },
-        { name: 'validAfter', type: 'uint256' },
-        { name: 'validBefore', type: 'uint256' },
-        { name: 'nonce', type: 'bytes32' },
-      ],
-    },
+    types: TRANSFER_WITH_AUTHORIZATION_TYPES,
     primaryType: 'TransferWithAuthorization',
     message: auth,
   })
