@@ -1,9 +1,12 @@
+import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
+import { rootCertificates } from 'node:tls'
 import type { AddressInfo } from 'node:net'
 import { Registry } from './agents/registry.js'
 import { TokenBucket } from './api/rate-limit.js'
 import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
+import { caRoutes } from './api/routes/ca.js'
 import { healthRoutes } from './api/routes/health.js'
 import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
@@ -17,6 +20,10 @@ import { Upstream } from './engine/upstream.js'
 import { EventBus } from './events/bus.js'
 import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
+import { CertificateAuthority } from './proxy/ca.js'
+import { ProxyServer } from './proxy/server.js'
+import { PaygateError } from './errors/index.js'
+import { isIP } from 'node:net'
 import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import type { Config } from './config/load.js'
@@ -45,8 +52,12 @@ export interface Gateway {
   readonly outbox: Outbox
   readonly events: EventBus
   readonly reconciler: Reconciler
+  readonly proxy: ProxyServer
+  readonly ca: CertificateAuthority
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
+  /** Address of the forward-proxy port, e.g. http://127.0.0.1:8402 */
+  readonly proxyUrl: string
   /** First-start account key bootstrap: where the key file is, and the key when just created. */
   readonly accountKey: { file: string; created: boolean; apiKey: string | null }
   close(): Promise<void>
@@ -83,7 +94,15 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   let upstream: Upstream | undefined
   let outbox: Outbox | undefined
   let reconciler: Reconciler | undefined
+  let proxy: ProxyServer | undefined
   try {
+    const loopback = config.proxy.host === 'localhost' || (isIP(config.proxy.host) !== 0 && /^(127\.|::1$)/.test(config.proxy.host))
+    if (config.proxy.defaultAgent && !loopback && !config.proxy.allowRemoteDefaultAgent) {
+      throw new PaygateError(
+        'invalid_config',
+        `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`,
+      )
+    }
     const registry = new Registry(store, clock, config.accountKey)
     const policies = new PolicyStore(store, registry, clock)
     const accountKey = await registry.bootstrapAccountKey(config.dataDir)
@@ -119,7 +138,22 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       log,
       maxBodyBytes: config.api.maxBodyBytes,
     })
+    const ca = await CertificateAuthority.load(config.certsDir)
+    proxy = new ProxyServer({
+      engine,
+      registry,
+      upstream,
+      ca,
+      idempotency,
+      log,
+      maxBufferBytes: config.proxy.maxBufferBytes,
+      defaultAgent: config.proxy.defaultAgent,
+      passThrough: config.proxy.passThrough,
+      ...(config.upstream.caFile ? { upstreamCa: [...rootCertificates, readFileSync(config.upstream.caFile, 'utf8')] } : {}),
+    })
+    router.add(...caRoutes(ca))
     const addr = await listen(api, config.api.port, config.api.host)
+    const proxyAddr = await proxy.listen(config.proxy.port, config.proxy.host)
 
     let closing: Promise<void> | undefined
     return {
@@ -134,11 +168,14 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       outbox,
       events,
       reconciler,
+      proxy,
+      ca,
       apiUrl: urlOf(addr),
+      proxyUrl: urlOf(proxyAddr as AddressInfo),
       accountKey,
       close: () =>
         (closing ??= (async () => {
-          await closeServer(api, config.shutdown.graceMs)
+          await Promise.all([closeServer(api, config.shutdown.graceMs), proxy!.close(config.shutdown.graceMs)])
           await reconciler!.close()
           await outbox!.close()
           await upstream!.close()
@@ -147,6 +184,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
         })()),
     }
   } catch (e) {
+    await proxy?.close(0)
     await reconciler?.close()
     await outbox?.close()
     await upstream?.close()

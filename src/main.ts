@@ -1,8 +1,10 @@
 import { deployExternal } from './chain/chain.js'
+import { join } from 'node:path'
 import { loadConfig, type Config } from './config/load.js'
 import { PaygateError, isPaygateError } from './errors/index.js'
 import { startGateway } from './gateway.js'
 import { createLogger } from './log/index.js'
+import { CertificateAuthority } from './proxy/ca.js'
 import { Store } from './store/index.js'
 import { Keystore } from './wallet/keystore.js'
 
@@ -10,6 +12,9 @@ const USAGE = `usage: paygate [command] [--flags]
   start                         start the gateway (default)
   deploy-ledger [--with-token]  deploy a PaymentLedger (and a dev USDC token) on chain.rpcUrl
                                 with the service signer; prints the addresses as JSON
+  ca [--bundle]                 print Paygate's CA certificate (creating the CA if needed); with
+                                --bundle, the system roots plus the CA, for REQUESTS_CA_BUNDLE,
+                                SSL_CERT_FILE, CURL_CA_BUNDLE and the like
 flags: every configuration key, e.g. --api-port 0 --chain-rpc-url http://… (see README)`
 
 /** `paygate deploy-ledger`: uses the data directory's stored signer unless chain.signerKey is set. */
@@ -33,6 +38,13 @@ async function main(): Promise<void> {
     if (extra.length) throw new PaygateError('invalid_config', `unknown argument ${extra[0]}\n${USAGE}`)
     return deployLedger(config, positional.includes('--with-token'))
   }
+  if (command === 'ca') {
+    const extra = positional.slice(1).filter((a) => a !== '--bundle')
+    if (extra.length) throw new PaygateError('invalid_config', `unknown argument ${extra[0]}\n${USAGE}`)
+    const ca = await CertificateAuthority.load(config.certsDir)
+    process.stdout.write(positional.includes('--bundle') ? ca.bundle() : ca.certPem)
+    return
+  }
   if (command === 'help' || command === '--help') {
     process.stdout.write(`${USAGE}\n`)
     return
@@ -43,7 +55,7 @@ async function main(): Promise<void> {
   const log = createLogger(config.log.level)
   const gw = await startGateway(config, { log })
   log.info(
-    { api: gw.apiUrl, dataDir: config.dataDir, accountKeyFile: gw.accountKey.file, chainRpc: gw.chain.info.rpcUrl, network: gw.chain.info.network },
+    { api: gw.apiUrl, proxy: gw.proxyUrl, caFile: join(config.certsDir, 'ca.pem'), dataDir: config.dataDir, accountKeyFile: gw.accountKey.file, chainRpc: gw.chain.info.rpcUrl, network: gw.chain.info.network },
     'paygate started',
   )
   if (gw.accountKey.created) {

@@ -259,7 +259,9 @@ async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: str
   fs.rmSync(ipcPath, { force: true })
   // The shell keeps our pipe on fd 3; EOF on it (we closed it, exited or were SIGKILLed) kills anvil.
   const script = 'exec 3<&0; "$0" "$@" </dev/null & p=$!; echo "pid $p"; read -r _ <&3; kill $p 2>/dev/null; wait $p'
-  const proc = spawn('/bin/sh', ['-c', script, bin, ...args, '--ipc', ipcPath], { stdio: ['pipe', 'pipe', 'pipe'] })
+  // Own process group: a terminal's Ctrl-C (or `timeout`) signals Paygate, which snapshots and
+  // then stops anvil itself, instead of killing anvil first.
+  const proc = spawn('/bin/sh', ['-c', script, bin, ...args, '--ipc', ipcPath], { stdio: ['pipe', 'pipe', 'pipe'], detached: true })
   proc.stdin!.on('error', () => {})
   let stderr = ''
   proc.stderr!.setEncoding('utf8')

@@ -3,7 +3,7 @@
  * Environment names and CLI flags are derived by one rule (see envName/flagName), so
  * `chain.rpcUrl` is `PAYGATE_CHAIN_RPC_URL` and `--chain-rpc-url`.
  */
-export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount'
+export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount' | 'bool' | 'hostList'
 
 export interface KeySpec {
   path: string
@@ -60,6 +60,22 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'api.rateLimit.burst', kind: 'int', min: 1, max: 10_000_000, doc: 'Account-level API burst: requests allowed at once before the per-minute rate applies.' },
   { path: 'proxy.host', kind: 'host', doc: 'Address the forward-proxy port binds to.' },
   { path: 'proxy.port', kind: 'port', doc: 'Forward-proxy port. 0 picks a free port.' },
+  {
+    path: 'proxy.maxBufferBytes',
+    kind: 'int',
+    min: 0,
+    max: 256 * 1024 * 1024,
+    doc: 'Request bodies up to this size are buffered so a paid retry can resend them; larger ones stream through and a 402 comes back unpaid with `X-Paygate-Error: request_body_too_large`.',
+  },
+  {
+    path: 'proxy.defaultAgent',
+    kind: 'string',
+    optional: true,
+    check: (v) => (/^[A-Za-z0-9._-]{1,64}$/.test(v) ? null : 'an agent id ([A-Za-z0-9._-]{1,64})'),
+    doc: 'Sidecar mode: the agent used when a proxy request carries no credentials. Allowed only when the proxy binds to loopback, unless `proxy.allowRemoteDefaultAgent` is set.',
+  },
+  { path: 'proxy.allowRemoteDefaultAgent', kind: 'bool', doc: 'Allow `proxy.defaultAgent` on a non-loopback bind (a container whose port only the agent can reach).' },
+  { path: 'proxy.passThrough', kind: 'hostList', doc: 'Hosts tunnelled untouched through CONNECT (no interception, no paying), for pinned clients. Comma-separated in the environment.' },
   { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },
   { path: 'chain.chainId', kind: 'int', min: 1, max: 2 ** 48, doc: 'Chain id. The embedded chain uses it (84532 lets x402 v1 packages settle on it as `base-sepolia`); an external chain must report it.' },
   {

@@ -10,7 +10,7 @@ export interface Config {
   accountKey: string | null
   masterKey: string | null
   api: { host: string; port: number; maxBodyBytes: number; rateLimit: { perMinute: number; burst: number } }
-  proxy: { host: string; port: number }
+  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[] }
   chain: {
     rpcUrl: string | null
     chainId: number
@@ -160,6 +160,16 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
     }
     case 'path':
       return typeof v === 'string' ? [resolve(cwd, v), null] : [undefined, 'a file system path']
+    case 'bool':
+      if (typeof v === 'boolean') return [v, null]
+      if (v === 'true' || v === '1') return [true, null]
+      if (v === 'false' || v === '0') return [false, null]
+      return [undefined, 'true or false']
+    case 'hostList': {
+      const items = Array.isArray(v) ? v : typeof v === 'string' ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
+      const ok = items?.every((x) => typeof x === 'string' && /^[A-Za-z0-9.*:[\]-]{1,253}$/.test(x))
+      return items && ok ? [items.map((x: string) => x.toLowerCase()), null] : [undefined, 'a list of host names (comma-separated in the environment)']
+    }
     case 'secret':
     case 'string': {
       if (typeof v !== 'string') return [undefined, spec.kind === 'secret' ? 'a string' : 'a string']

@@ -106,7 +106,7 @@ export class PaymentEngine {
     await this.d.registry.requireAgent(req.agentId)
     const parent = req.parentTxHash ? await this.parentOf(req.parentTxHash) : null
     const first = await this.send(req, {}).catch((e: unknown) => {
-      throw e instanceof UpstreamError ? new PaygateError('payment_failed', `target unreachable: ${e.message}`) : e
+      throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
     })
     if (first.status !== 402) return { response: first, payment: null }
 

@@ -9,7 +9,8 @@ export interface UpstreamRequest {
   url: string
   method: string
   headers: Record<string, string>
-  body: Buffer | null
+  /** A buffer (resendable) or a stream (sent once, e.g. a proxied body over the buffer limit). */
+  body: Buffer | Readable | null
   /** Abort the attempt after this many ms without response headers. */
   timeoutMs?: number
 }

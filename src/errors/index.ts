@@ -21,6 +21,7 @@ export const ERROR_STATUS = {
   invalid_config: 500,
   payment_protocol_error: 502,
   payment_failed: 502,
+  upstream_unreachable: 502,
   unavailable: 503,
 } as const
 

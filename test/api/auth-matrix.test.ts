@@ -63,7 +63,7 @@ const endpoints: Endpoint[] = [
   { name: 'GET /v1/transactions?agentId=<id>', make: async () => ({ method: 'GET', path: '/v1/transactions?agentId=agent-a' }), ok: 200, self: 200 },
   {
     name: 'POST /v1/pay',
-    // A target that is not listening: callers allowed to pay get payment_failed (502), the others 401/403.
+    // A target that is not listening: callers allowed to pay get upstream_unreachable (502), the others 401/403.
     make: async () => ({ method: 'POST', path: '/v1/pay', body: { agentId: 'agent-a', endpoint: 'http://127.0.0.1:9/x' } }),
     ok: 502,
     self: 502,

@@ -33,7 +33,7 @@ export async function startTestGateway(
 ): Promise<TestGateway> {
   const dataDir = opts.dataDir ?? tempDir()
   const { config } = loadConfig({
-    env: { PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', PAYGATE_LOG_LEVEL: 'info', ...opts.env },
+    env: { PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', PAYGATE_CERTS_DIR: join(dataDir, 'certs'), PAYGATE_LOG_LEVEL: 'info', ...opts.env },
   })
   opts.overrides?.(config)
   const logs: string[] = []

@@ -1,7 +1,11 @@
 import { spawn, type ChildProcess } from 'node:child_process'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
+
+/** Keep each test's CA inside its own data directory. */
+const certsIn = (env: Record<string, string>): Record<string, string> => (env.PAYGATE_DATA_DIR ? { PAYGATE_CERTS_DIR: join(env.PAYGATE_DATA_DIR, 'certs') } : {})
 
 export interface GatewayProcess {
   proc: ChildProcess
@@ -17,7 +21,7 @@ export interface GatewayProcess {
 export async function spawnGateway(env: Record<string, string>, args: string[] = []): Promise<GatewayProcess> {
   const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', ...env },
+    env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', ...certsIn(env), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   const stdout: string[] = []
@@ -62,7 +66,7 @@ export function runCli(env: Record<string, string>, args: string[]): Promise<{ c
   return new Promise((resolve) => {
     const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
       cwd: ROOT,
-      env: { PATH: process.env.PATH ?? '', ...env },
+      env: { PATH: process.env.PATH ?? '', ...certsIn(env), ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     })
     let stdout = ''

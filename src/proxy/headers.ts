@@ -1,0 +1,50 @@
+import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http'
+
+/** RFC 9110 §7.6.1 hop-by-hop fields, plus the proxy's own credentials. */
+const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+])
+
+/** Fields listed in Connection are hop-by-hop too. */
+function connectionTokens(h: IncomingHttpHeaders): Set<string> {
+  const c = h.connection
+  return new Set((Array.isArray(c) ? c.join(',') : (c ?? '')).split(',').map((x) => x.trim().toLowerCase()).filter(Boolean))
+}
+
+/**
+ * Request headers for the target: no hop-by-hop fields, no `Host` (the client sets it
+ * from the URL), no `X-Paygate-*` (Paygate's own controls). Multi-valued fields are joined.
+ */
+export function forwardRequestHeaders(h: IncomingHttpHeaders): Record<string, string> {
+  const drop = connectionTokens(h)
+  const out: Record<string, string> = {}
+  for (const [k, v] of Object.entries(h)) {
+    if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k) || k === 'host' || k.startsWith('x-paygate-')) continue
+    out[k] = Array.isArray(v) ? v.join(', ') : v
+  }
+  return out
+}
+
+/** Response headers for the agent: no hop-by-hop fields. */
+export function forwardResponseHeaders(h: Record<string, string | string[] | undefined>): OutgoingHttpHeaders {
+  const drop = connectionTokens(h as IncomingHttpHeaders)
+  const out: OutgoingHttpHeaders = {}
+  for (const [k, v] of Object.entries(h)) {
+    if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k)) continue
+    out[k] = v
+  }
+  return out
+}
+
+export const headerValue = (h: IncomingHttpHeaders, name: string): string | undefined => {
+  const v = h[name]
+  return Array.isArray(v) ? v[0] : v
+}
