@@ -411,7 +411,12 @@ export function sameOrigin(offer: Pick<Offer, 'resource'>, requestUrl: string): 
   }
   if (offer.resource === null) return true
   try {
-    return new URL(offer.resource, request).origin === request.origin
+    const r = new URL(offer.resource, request)
+    if (r.origin === request.origin) return true
+    // A merchant behind a TLS-terminating front reports the inner scheme: same host and
+    // the same explicit port with only http/https swapped is the same server.
+    const webSchemes = (u: URL) => u.protocol === 'http:' || u.protocol === 'https:'
+    return webSchemes(r) && webSchemes(request) && r.port !== '' && r.port === request.port && r.hostname === request.hostname
   } catch {
     return false
   }

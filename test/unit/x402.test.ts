@@ -408,6 +408,8 @@ t.test('sameOrigin', async (t) => {
     ['https://SHOP.test:443/x', 'https://shop.test/a', true],
     ['https://shop.test:8443/x', 'https://shop.test/a', false],
     ['http://shop.test/a', 'https://shop.test/a', false],
+    ['http://shop.test:8443/a', 'https://shop.test:8443/a', true],
+    ['http://shop.test:8443/a', 'https://shop.test:9443/a', false],
     ['https://evil.test/a', 'https://shop.test/a', false],
     ['https://api.shop.test/a', 'https://shop.test/a', false],
     ['//evil.test/a', 'https://shop.test/a', false],

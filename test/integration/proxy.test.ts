@@ -1,0 +1,183 @@
+import t from 'tap'
+import { execFile } from 'node:child_process'
+import { writeFileSync } from 'node:fs'
+import { createServer as createHttpServer, request as httpRequest, type IncomingHttpHeaders } from 'node:http'
+import { connect as netConnect, type AddressInfo } from 'node:net'
+import { join } from 'node:path'
+import { createServer as createTlsServer } from 'node:tls'
+import { promisify } from 'node:util'
+import { ProxyAgent, request } from 'undici'
+import { createPublicClient, http, type Hex } from 'viem'
+import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
+import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
+import { viemChain } from '../../src/chain/chain.js'
+import { CertificateAuthority } from '../../src/proxy/ca.js'
+import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
+
+const run = promisify(execFile)
+
+/** One absolute-form request straight to the proxy port. */
+function absoluteForm(url: string, headers: Record<string, string>): Promise<{ status: number; headers: IncomingHttpHeaders }> {
+  return new Promise((resolve, reject) => {
+    const p = new URL(gw.gw.proxyUrl)
+    const req = httpRequest({ host: p.hostname, port: p.port, path: url, headers }, (res) => {
+      res.resume()
+      resolve({ status: res.statusCode ?? 0, headers: res.headers })
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+/** Unmodified clients pay through the proxy: HTTPS intercepted, loopback merchants behind TLS. */
+const dir = tempDir()
+// The targets' own CA (the gateway trusts it through PAYGATE_UPSTREAM_CA_FILE).
+const upstreamCa = await CertificateAuthority.load(join(dir, 'upstream-ca'))
+const upstreamCaFile = join(dir, 'upstream-ca.pem')
+writeFileSync(upstreamCaFile, upstreamCa.certPem)
+const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_UPSTREAM_CA_FILE: upstreamCaFile } })
+t.teardown(() => gw.close())
+const caFile = join(dir, 'paygate-ca.pem')
+writeFileSync(caFile, (await gw.api('GET', '/v1/ca.pem', { key: null })).text)
+const proxyPort = new URL(gw.gw.proxyUrl).port
+const info = (await gw.api('GET', '/v1/chain')).body
+const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl) })
+const balanceOf = (a: Hex) => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] })
+
+const closers: (() => Promise<unknown>)[] = []
+t.teardown(async () => {
+  for (const c of closers.reverse()) await c()
+})
+
+/** A TLS front for a plain HTTP merchant, with a certificate from the targets' CA. */
+async function tlsFront(m: Merchant): Promise<string> {
+  const target = Number(new URL(m.url).port)
+  const leaf = upstreamCa.leafFor('127.0.0.1')
+  const srv = createTlsServer({ cert: leaf.cert, key: leaf.key }, (s) => {
+    const up = netConnect(target, '127.0.0.1')
+    s.pipe(up).pipe(s)
+    up.on('error', () => s.destroy())
+    s.on('error', () => up.destroy())
+  })
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
+  closers.push(() => new Promise((r) => srv.close(r)))
+  return `https://127.0.0.1:${(srv.address() as AddressInfo).port}`
+}
+
+async function merchant(kind: 'v1' | 'v2'): Promise<{ m: Merchant; https: string; payTo: Hex }> {
+  const facilitatorKey = generatePrivateKey()
+  await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
+  const payTo = privateKeyToAccount(generatePrivateKey()).address
+  const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: 5_000n }
+  const m = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
+  closers.push(() => m.close())
+  return { m, https: await tlsFront(m), payTo }
+}
+
+const agentKey = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px' } })).body.apiKey as string
+const wallet = (await gw.api('POST', '/v1/wallets', { body: { agentId: 'px' } })).body.address as Hex
+const basic = `Basic ${Buffer.from(`px:${agentKey}`).toString('base64')}`
+const proxyAgent = new ProxyAgent({ uri: gw.gw.proxyUrl, token: basic, requestTls: { ca: (await gw.api('GET', '/v1/ca.pem', { key: null })).text } })
+closers.push(() => proxyAgent.close())
+
+const v2 = await merchant('v2')
+const v1 = await merchant('v1')
+
+t.test('undici ProxyAgent: a plain page, then paid v2 and v1 merchants over intercepted HTTPS', async (t) => {
+  const free = await request(`${v2.https}/free`, { dispatcher: proxyAgent })
+  t.equal(free.statusCode, 200)
+  t.notOk(free.headers['x-paygate-tx'], 'nothing paid for a free page')
+  await free.body.dump()
+  for (const { m, https, payTo } of [v2, v1]) {
+    const before = await balanceOf(wallet)
+    const r = await request(`${https}/paid`, { dispatcher: proxyAgent, headers: { accept: 'application/json' } })
+    const body = await r.body.json()
+    t.equal(r.statusCode, 200, m.kind)
+    t.match(body, { ok: true })
+    t.match(r.headers['x-paygate-tx'], /^0x[0-9a-f]{64}$/)
+    t.equal(r.headers['x-paygate-amount'], '0.005')
+    t.equal(await balanceOf(payTo), 5_000n, `${m.kind}: merchant paid on chain`)
+    t.equal(await balanceOf(wallet), before - 5_000n)
+  }
+})
+
+t.test('curl through the proxy with --cacert pays', async (t) => {
+  const { stdout } = await run('curl', ['-s', '-i', '--max-time', '20', '-x', `http://px:${agentKey}@127.0.0.1:${proxyPort}`, '--cacert', caFile, `${v2.https}/paid`])
+  t.match(stdout, /^HTTP\/1\.1 200/)
+  t.match(stdout, /x-paygate-tx: 0x[0-9a-f]{64}/i)
+  t.match(stdout, /x-paygate-amount: 0\.005/i)
+  t.match(stdout, /"ok":true/)
+  const plain = await run('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', '-x', `http://127.0.0.1:${proxyPort}`, `${v2.m.url}/free`])
+  t.equal(plain.stdout, '407', 'no credentials: 407')
+})
+
+t.test('Python requests with REQUESTS_CA_BUNDLE pays', async (t) => {
+  const script = `import requests, sys\nr = requests.get(sys.argv[1], proxies={'https': sys.argv[2], 'http': sys.argv[2]}, timeout=20)\nprint(r.status_code, r.headers.get('X-Paygate-Amount'), r.json()['ok'])`
+  const { stdout } = await run('python3', ['-c', script, `${v1.https}/paid`, `http://px:${agentKey}@127.0.0.1:${proxyPort}`], { env: { ...process.env, REQUESTS_CA_BUNDLE: caFile, NO_PROXY: '' } })
+  t.equal(stdout.trim(), '200 0.005 True')
+})
+
+t.test('407 with Proxy-Authenticate for missing or wrong credentials', async (t) => {
+  for (const auth of [undefined, `Basic ${Buffer.from(`px:rp_agent_${'x'.repeat(40)}`).toString('base64')}`, `Basic ${Buffer.from(`other:${agentKey}`).toString('base64')}`]) {
+    const r = await absoluteForm(`${v2.m.url}/free`, auth ? { 'proxy-authorization': auth } : {})
+    t.equal(r.status, 407)
+    t.equal(r.headers['proxy-authenticate'], 'Basic realm="paygate"')
+  }
+})
+
+t.test('a policy rejection reaches the client as 402 with X-Paygate-Error', async (t) => {
+  const key = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px-capped' } })).body.apiKey
+  await gw.api('POST', '/v1/wallets', { body: { agentId: 'px-capped' } })
+  await gw.api('PUT', '/v1/policies/px-capped', { body: { perCallLimit: { usdc: 0.001 } } })
+  const capped = new ProxyAgent({ uri: gw.gw.proxyUrl, token: `Basic ${Buffer.from(`px-capped:${key}`).toString('base64')}`, requestTls: { ca: (await gw.api('GET', '/v1/ca.pem', { key: null })).text } })
+  t.teardown(() => capped.close())
+  const r = await request(`${v2.https}/paid`, { dispatcher: capped })
+  t.equal(r.statusCode, 402)
+  t.equal(r.headers['x-paygate-error'], 'policy_violation')
+  t.match(await r.body.json(), { error: 'policy_violation', reason: 'per_call_limit_exceeded' })
+})
+
+t.test('a POST body is resent intact on the paid retry; Paygate headers never reach the target', async (t) => {
+  const payload = JSON.stringify({ data: 'x'.repeat(10_000), n: 42 })
+  const r = await request(`${v2.https}/paid`, {
+    dispatcher: proxyAgent,
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-paygate-idempotency-key': 'post-1' },
+    body: payload,
+  })
+  t.equal(r.statusCode, 200)
+  t.equal(await r.body.text(), payload)
+  const again = await request(`${v2.https}/paid`, { dispatcher: proxyAgent, method: 'POST', headers: { 'content-type': 'application/json', 'x-paygate-idempotency-key': 'post-1' }, body: payload })
+  t.equal(again.statusCode, 200)
+  t.equal(again.headers['x-paygate-tx'], r.headers['x-paygate-tx'], 'the idempotent replay pays nothing new')
+  await again.body.dump()
+})
+
+t.test('a 402 Paygate cannot pay passes through with X-Paygate-Error', async (t) => {
+  const odd = createHttpServer((_req, res) => {
+    res.writeHead(402, { 'content-type': 'text/plain' })
+    res.end('pay me in seashells')
+  })
+  await new Promise<void>((r) => odd.listen(0, '127.0.0.1', r))
+  t.teardown(() => new Promise<void>((r) => odd.close(() => r())))
+  const r = await request(`http://127.0.0.1:${(odd.address() as AddressInfo).port}/`, { dispatcher: proxyAgent })
+  t.equal(r.statusCode, 402)
+  t.equal(r.headers['x-paygate-error'], 'payment_protocol_error')
+  t.equal(await r.body.text(), 'pay me in seashells', 'the body passes through unchanged')
+})
+
+t.test('the second CONNECT to a host reuses the cached leaf', async (t) => {
+  const before = gw.gw.ca.stats()
+  const agent = new ProxyAgent({ uri: gw.gw.proxyUrl, token: basic, requestTls: { ca: gw.gw.ca.certPem } })
+  await (await request(`${v1.https}/free`, { dispatcher: agent })).body.dump()
+  await agent.close()
+  const mid = gw.gw.ca.stats()
+  const agent2 = new ProxyAgent({ uri: gw.gw.proxyUrl, token: basic, requestTls: { ca: gw.gw.ca.certPem } })
+  await (await request(`${v1.https}/free`, { dispatcher: agent2 })).body.dump()
+  await agent2.close()
+  const after = gw.gw.ca.stats()
+  t.equal(after.misses, mid.misses, 'no new certificate minted for the second CONNECT')
+  t.ok(after.hits > mid.hits)
+  t.ok(mid.misses - before.misses <= 1)
+})
