@@ -181,3 +181,28 @@ t.test('the second CONNECT to a host reuses the cached leaf', async (t) => {
   t.ok(after.hits > mid.hits)
   t.ok(mid.misses - before.misses <= 1)
 })
+
+t.test('Node recipe: NODE_EXTRA_CA_CERTS plus undici EnvHttpProxyAgent, in a fresh process', async (t) => {
+  const script = `
+    const { EnvHttpProxyAgent, setGlobalDispatcher } = require('undici')
+    setGlobalDispatcher(new EnvHttpProxyAgent())
+    fetch(process.argv[1]).then(async (r) => console.log(r.status, r.headers.get('x-paygate-amount'), (await r.json()).ok))
+  `
+  const { stdout } = await run(process.execPath, ['-e', script, `${v2.https}/paid`], {
+    env: { PATH: process.env.PATH ?? '', NODE_EXTRA_CA_CERTS: caFile, HTTPS_PROXY: `http://px:${agentKey}@127.0.0.1:${proxyPort}`, NO_PROXY: '' },
+    cwd: process.cwd(),
+  })
+  t.equal(stdout.trim(), '200 0.005 true')
+})
+
+t.test('a body over proxy.maxBufferBytes streams once; its 402 comes back unpaid, saying why', async (t) => {
+  const g = await startTestGateway({ env: { PAYGATE_PROXY_MAX_BUFFER_BYTES: '1024', PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_UPSTREAM_CA_FILE: upstreamCaFile } })
+  t.teardown(() => g.close())
+  const k = (await g.api('POST', '/v1/agents', { body: { agentId: 'big' } })).body.apiKey
+  const agent = new ProxyAgent({ uri: g.gw.proxyUrl, token: `Basic ${Buffer.from(`big:${k}`).toString('base64')}`, proxyTunnel: false } as never)
+  t.teardown(() => agent.close())
+  const r = await request(`${v2.m.url}/paid`, { dispatcher: agent, method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pad: 'x'.repeat(5000) }) })
+  t.equal(r.statusCode, 402)
+  t.equal(r.headers['x-paygate-error'], 'request_body_too_large')
+  await r.body.dump()
+})
