@@ -36,6 +36,7 @@ export async function benchProxy(opts: { count: number; maxMs: number }): Promis
   const tlsUrl = `https://127.0.0.1:${(tls.address() as AddressInfo).port}`
 
   const gw = await spawnGateway({ PAYGATE_DATA_DIR: join(dir, 'data'), PAYGATE_UPSTREAM_CA_FILE: caFile })
+  try {
   const acct = readFileSync(join(dir, 'data', 'account-key'), 'utf8').trim()
   const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string
   const started = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started')
@@ -97,9 +98,14 @@ export async function benchProxy(opts: { count: number; maxMs: number }): Promis
   const hp = await throughput(C, 5000, opts.maxMs / 2, proxiedHandshake)
   console.log(`TLS handshakes: direct ${fmt(hd.perSec, 0)}/s (n=${hd.n}); CONNECT + intercepted ${fmt(hp.perSec, 0)}/s (n=${hp.n}); ratio ${fmt(hp.perSec / hd.perSec)}x`)
 
-  await Promise.all([directPlain.close(), viaPlain.close(), directTls.close(), viaTls.close()])
-  await gw.stop('SIGTERM')
-  await new Promise<void>((r) => plain.close(() => r()))
-  await new Promise<void>((r) => tls.close(() => r()))
-  rmSync(dir, { recursive: true, force: true })
+  await Promise.all([directPlain.destroy(), viaPlain.destroy(), directTls.destroy(), viaTls.destroy()])
+  } finally {
+    const code = await gw.stop('SIGTERM')
+    if (code !== 0) console.log(`gateway exit: ${code}`)
+    plain.closeAllConnections()
+    tls.closeAllConnections()
+    await new Promise<void>((r) => plain.close(() => r()))
+    await new Promise<void>((r) => tls.close(() => r()))
+    rmSync(dir, { recursive: true, force: true })
+  }
 }

@@ -5,6 +5,7 @@
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { benchPay } from './pay.js'
+import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
 
 /** The devnet soak runs in its own process, so its memory figures are its own. */
@@ -17,6 +18,7 @@ function benchDevnet(): Promise<void> {
 const benches: Record<string, () => Promise<void>> = {
   pay: () => benchPay({ sequential: 2000, concurrent: 20_000, maxMs: 20_000 }),
   proxy: () => benchProxy({ count: 30_000, maxMs: 10_000 }),
+  peers: () => benchPeers(5),
   devnet: benchDevnet,
 }
 

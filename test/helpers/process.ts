@@ -56,7 +56,11 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
     exited,
     async stop(signal: NodeJS.Signals = 'SIGTERM') {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal)
-      return exited
+      // Never leave a gateway behind: a shutdown that hangs is cut after 15 s.
+      const cut = setTimeout(() => proc.kill('SIGKILL'), 15_000)
+      const code = await exited
+      clearTimeout(cut)
+      return code
     },
   }
 }
