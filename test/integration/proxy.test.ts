@@ -206,3 +206,12 @@ t.test('a body over proxy.maxBufferBytes streams once; its 402 comes back unpaid
   t.equal(r.headers['x-paygate-error'], 'request_body_too_large')
   await r.body.dump()
 })
+
+t.test('paying inside a CONNECT tunnel to a plain-HTTP port (undici tunnels http:// targets)', async (t) => {
+  const before = await balanceOf(v2.payTo)
+  const r = await request(`${v2.m.url}/paid`, { dispatcher: proxyAgent })
+  t.equal(r.statusCode, 200)
+  t.match(r.headers['x-paygate-tx'], /^0x[0-9a-f]{64}$/)
+  t.match(await r.body.json(), { ok: true })
+  t.equal(await balanceOf(v2.payTo), before + 5_000n)
+})
