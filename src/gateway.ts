@@ -95,6 +95,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   let outbox: Outbox | undefined
   let reconciler: Reconciler | undefined
   let proxy: ProxyServer | undefined
+  let api: Server | undefined
   try {
     const loopback = config.proxy.host === 'localhost' || (isIP(config.proxy.host) !== 0 && /^(127\.|::1$)/.test(config.proxy.host))
     if (config.proxy.defaultAgent && !loopback && !config.proxy.allowRemoteDefaultAgent) {
@@ -131,7 +132,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       ...payRoutes(engine, idempotency),
       ...transactionRoutes(transactions),
     )
-    const api = createApiServer({
+    api = createApiServer({
       router,
       registry,
       rateLimit: new TokenBucket(config.api.rateLimit.perMinute, config.api.rateLimit.burst, clock),
@@ -175,7 +176,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       accountKey,
       close: () =>
         (closing ??= (async () => {
-          await Promise.all([closeServer(api, config.shutdown.graceMs), proxy!.close(config.shutdown.graceMs)])
+          await Promise.all([closeServer(api!, config.shutdown.graceMs), proxy!.close(config.shutdown.graceMs)])
           await reconciler!.close()
           await outbox!.close()
           await upstream!.close()
@@ -184,6 +185,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
         })()),
     }
   } catch (e) {
+    if (api) await closeServer(api, 0)
     await proxy?.close(0)
     await reconciler?.close()
     await outbox?.close()

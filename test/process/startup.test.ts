@@ -69,3 +69,11 @@ t.test('start prints where everything is; no secret ever reaches the logs', asyn
   for (const s of secrets) t.notOk(output.includes(s), `secret ${s.slice(0, 10)}… absent from logs`)
   t.notMatch(output, /rp_(live|agent)_[0-9A-Za-z]{20,}/, 'nothing key-shaped in logs')
 })
+
+t.test('the sidecar default agent is refused on a non-loopback proxy bind unless forced', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', PAYGATE_PROXY_HOST: '0.0.0.0', PAYGATE_PROXY_DEFAULT_AGENT: 'side' }, [])
+  t.equal(r.code, 2)
+  t.match(r.stderr, /proxy\.defaultAgent is allowed only when the proxy binds to loopback/)
+})
