@@ -114,7 +114,16 @@ t.test('curl through the proxy with --cacert pays', async (t) => {
 
 t.test('Python requests with REQUESTS_CA_BUNDLE pays', async (t) => {
   const script = `import requests, sys\nr = requests.get(sys.argv[1], proxies={'https': sys.argv[2], 'http': sys.argv[2]}, timeout=20)\nprint(r.status_code, r.headers.get('X-Paygate-Amount'), r.json()['ok'])`
-  const { stdout } = await run('python3', ['-c', script, `${v1.https}/paid`, `http://px:${agentKey}@127.0.0.1:${proxyPort}`], { env: { ...process.env, REQUESTS_CA_BUNDLE: caFile, NO_PROXY: '' } })
+  // The first interpreter on PATH may be a separate install (pyenv); Debian's python3-requests serves /usr/bin/python3.
+  let python = ''
+  for (const cand of ['python3', '/usr/bin/python3']) {
+    if (await run(cand, ['-c', 'import requests']).then(() => true, () => false)) {
+      python = cand
+      break
+    }
+  }
+  t.ok(python, 'a python3 with requests (.ci/run installs python3-requests when none has it)')
+  const { stdout } = await run(python, ['-c', script, `${v1.https}/paid`, `http://px:${agentKey}@127.0.0.1:${proxyPort}`], { env: { ...process.env, REQUESTS_CA_BUNDLE: caFile, NO_PROXY: '' } })
   t.equal(stdout.trim(), '200 0.005 True')
 })
 
