@@ -1,7 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { connect as netConnect, isIP, type Socket } from 'node:net'
 import { Duplex, Readable } from 'node:stream'
-import { pipeline } from 'node:stream/promises'
 import { TLSSocket } from 'node:tls'
 import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
@@ -69,6 +68,28 @@ function replayable(socket: Socket, first: Buffer): Duplex {
   socket.on('close', () => d.destroy())
   socket.on('error', (e) => d.destroy(e))
   return d
+}
+
+/**
+ * Stream an upstream body to the agent with backpressure. Plain pipe() rather than
+ * stream.pipeline(): pipeline builds and aborts an AbortController (a DOMException with a
+ * stack) per call, measurable on the passthrough hot path.
+ */
+function relay(body: Readable, res: ServerResponse): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const fail = (e: Error): void => {
+      body.destroy()
+      res.destroy()
+      reject(e)
+    }
+    body.once('error', fail)
+    res.once('close', () => {
+      if (!res.writableFinished) body.destroy()
+      resolve()
+    })
+    res.once('finish', () => resolve())
+    body.pipe(res)
+  })
 }
 
 /** `host:port` of a CONNECT target, IPv6 in brackets. */
@@ -203,7 +224,7 @@ export class ProxyServer {
         if (r.status === 402) h['x-paygate-error'] = errorCode = 'request_body_too_large'
         status = r.status
         res.writeHead(r.status, h)
-        await pipeline(r.body, res)
+        await relay(r.body, res)
         return
       }
       const parentTxHash = headerValue(req.headers, 'x-paygate-parent-tx')
@@ -220,7 +241,7 @@ export class ProxyServer {
       if (out.unpaid) h['x-paygate-error'] = errorCode = out.unpaid.code
       status = out.response.status
       res.writeHead(status, h)
-      await pipeline(out.response.body, res)
+      await relay(out.response.body, res)
     } catch (e) {
       const err = toPaygateError(e)
       if (err.code === 'internal_error') this.d.log.error({ err: e, agentId }, 'proxy request failed')
