@@ -96,6 +96,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   let reconciler: Reconciler | undefined
   let proxy: ProxyServer | undefined
   let api: Server | undefined
+  let stopSweeping: (() => void) | undefined
   try {
     const loopback = config.proxy.host === 'localhost' || (isIP(config.proxy.host) !== 0 && /^(127\.|::1$)/.test(config.proxy.host))
     if (config.proxy.defaultAgent && !loopback && !config.proxy.allowRemoteDefaultAgent) {
@@ -120,6 +121,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     reconciler = new Reconciler(engine, transactions, clock, log)
     reconciler.start()
     const idempotency = new Idempotency(store, clock, config.pay.idempotencyTtlHours * 3_600_000)
+    stopSweeping = idempotency.startSweeping()
 
     const router = new Router().add(
       ...healthRoutes([
@@ -177,6 +179,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       close: () =>
         (closing ??= (async () => {
           await Promise.all([closeServer(api!, config.shutdown.graceMs), proxy!.close(config.shutdown.graceMs)])
+          stopSweeping!()
           await reconciler!.close()
           await outbox!.close()
           await upstream!.close()
@@ -185,6 +188,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
         })()),
     }
   } catch (e) {
+    stopSweeping?.()
     if (api) await closeServer(api, 0)
     await proxy?.close(0)
     await reconciler?.close()

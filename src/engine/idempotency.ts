@@ -72,6 +72,22 @@ export class Idempotency {
     }
   }
 
+  /** Delete results older than the TTL (they are already ignored on read); returns how many. */
+  async sweep(): Promise<number> {
+    const cutoff = this.clock.now() - this.ttlMs
+    const stale: string[] = []
+    for await (const [k, v] of this.results.entries()) if (v.createdAt <= cutoff) stale.push(k)
+    for (const k of stale) if (!this.inflight.has(k)) await this.results.del(k)
+    return stale.length
+  }
+
+  /** Sweep every `everyMs` in the background (unref'd: it never keeps the process alive). */
+  startSweeping(everyMs = 3_600_000): () => void {
+    const timer = setInterval(() => void this.sweep().catch(() => undefined), everyMs)
+    timer.unref()
+    return () => clearInterval(timer)
+  }
+
   /** Rebuild a stored client error. */
   static storedError(s: unknown): PaygateError | null {
     const e = (s as { error?: { code: string; detail: string; extra: Record<string, unknown> } }).error
