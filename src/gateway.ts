@@ -156,7 +156,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     })
     router.add(...caRoutes(ca))
     const addr = await listen(api, config.api.port, config.api.host)
-    const proxyAddr = await proxy.listen(config.proxy.port, config.proxy.host)
+    const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host)
 
     let closing: Promise<void> | undefined
     return {
@@ -174,7 +174,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       proxy,
       ca,
       apiUrl: urlOf(addr),
-      proxyUrl: urlOf(proxyAddr as AddressInfo),
+      proxyUrl: urlOf(proxyAddr),
       accountKey,
       close: () =>
         (closing ??= (async () => {

@@ -159,10 +159,6 @@ export class Registry {
     return out
   }
 
-  async getKey(keyId: string): Promise<KeyRecord | undefined> {
-    return this.keys.get(keyId)
-  }
-
   private forget(hash: string): void {
     this.cache.delete(hash)
   }

@@ -74,14 +74,13 @@ export function createApiServer(deps: ApiDeps): Server {
       sendReply(res, errorReply(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
       return
     }
-    const reqLog = log
     const seen: { identity: Identity | null } = { identity: null }
-    handle(req, url, reqLog, seen)
+    handle(req, url, log, seen)
       .then(
         (reply) => reply,
         (e: unknown) => {
           const err = toPaygateError(e)
-          if (err.code === 'internal_error') reqLog.error({ err: e, path: url.pathname }, 'request failed')
+          if (err.code === 'internal_error') log.error({ err: e, path: url.pathname }, 'request failed')
           if (err.code === 'payload_too_large') res.setHeader('connection', 'close')
           return errorReply(err)
         },
@@ -89,7 +88,7 @@ export function createApiServer(deps: ApiDeps): Server {
       .then((reply) => {
         if (!res.headersSent) sendReply(res, reply)
         const ms = Number(process.hrtime.bigint() - started) / 1e6
-        reqLog.info(
+        log.info(
           {
             method: req.method,
             path: url.pathname,
@@ -101,6 +100,6 @@ export function createApiServer(deps: ApiDeps): Server {
           'api request',
         )
       })
-      .catch((e: unknown) => reqLog.error({ err: e }, 'could not send reply'))
+      .catch((e: unknown) => log.error({ err: e }, 'could not send reply'))
   })
 }

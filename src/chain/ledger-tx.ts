@@ -36,10 +36,6 @@ export class LedgerWriter {
 
   constructor(private readonly chain: Chain) {}
 
-  get signerAddress(): Hex {
-    return this.chain.signer.address
-  }
-
   /** The signer's next nonce by the chain's count (pending included), and a fee estimate. */
   async init(): Promise<bigint> {
     await this.refreshFees()

@@ -257,12 +257,12 @@ export class PaymentEngine {
   }
 
   /** Close a transaction that was not paid: release (or keep) its reservation. */
-  async finish(rec: TxRecord, change: Partial<TxRecord>, hold: 'release' | 'keep'): Promise<void> {
+  async finish(rec: TxRecord, change: Partial<TxRecord>, reservation: 'release' | 'keep'): Promise<void> {
     await this.withUsage(rec.agentId, async () => {
       const prev = rec
       const next: TxRecord = { ...prev, ...change, updatedAt: this.d.clock.now() }
       const ops = this.d.transactions.ops(next, prev)
-      if (hold === 'release') ops.push(this.d.policies.usageOp(rec.agentId, release(await this.d.policies.usageOf(rec.agentId), rec.id)))
+      if (reservation === 'release') ops.push(this.d.policies.usageOp(rec.agentId, release(await this.d.policies.usageOf(rec.agentId), rec.id)))
       await this.d.store.batch(ops)
     })
   }

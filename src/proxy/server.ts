@@ -5,8 +5,7 @@ import { TLSSocket } from 'node:tls'
 import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
 import type { PaymentEngine, PayOutcome } from '../engine/engine.js'
-import type { Idempotency } from '../engine/idempotency.js'
-import { requestDigest } from '../engine/idempotency.js'
+import { Idempotency, requestDigest } from '../engine/idempotency.js'
 import { readBody, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
@@ -37,6 +36,8 @@ interface Tunnel {
 }
 
 const AUTH_REALM = 'Basic realm="paygate"'
+/** The raw 407 for sockets that left HTTP (CONNECT, upgrades). */
+const RAW_407 = `HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`
 const MAX_IDEMPOTENT_BODY = 8 * 1024 * 1024
 
 /**
@@ -292,8 +293,8 @@ export class ProxyServer {
       },
       (r) => r,
       (s) => {
-        const e = (s as { error?: { code: string; detail: string; extra: Record<string, unknown> } }).error
-        if (e) throw new PaygateError(e.code as never, e.detail, e.extra)
+        const err = Idempotency.storedError(s)
+        if (err) throw err
         return s as Stored
       },
     )
@@ -314,7 +315,7 @@ export class ProxyServer {
     const agentId = await proxyIdentity(this.d.registry, req.headers, this.d.defaultAgent)
     if (!agentId) {
       this.counters.authFailures++
-      socket.end(`HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`)
+      socket.end(RAW_407)
       return
     }
     if (hostMatches(this.d.passThrough, target.host)) {
@@ -362,7 +363,7 @@ export class ProxyServer {
     else {
       const agentId = await proxyIdentity(this.d.registry, req.headers, this.d.defaultAgent)
       if (!agentId) {
-        socket.end(`HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`)
+        socket.end(RAW_407)
         return
       }
       try {
@@ -377,16 +378,6 @@ export class ProxyServer {
     delete req.headers['proxy-authorization']
     for (const k of Object.keys(req.headers)) if (k.startsWith('x-paygate-')) delete req.headers[k]
     this.ws.ws(req, socket, head, { target: origin, changeOrigin: true, secure: true, ...(this.d.upstreamCa ? { ca: this.d.upstreamCa } : {}) } as never)
-  }
-
-  listen(port: number, host: string): Promise<{ address: string; port: number; family: string }> {
-    return new Promise((resolve, reject) => {
-      this.server.once('error', reject)
-      this.server.listen(port, host, () => {
-        this.server.off('error', reject)
-        resolve(this.server.address() as { address: string; port: number; family: string })
-      })
-    })
   }
 
   async close(graceMs: number): Promise<void> {

@@ -13,5 +13,3 @@ export function randomBase62(length: number): string {
   }
   return out
 }
-
-export const BASE62_RE = /^[0-9A-Za-z]+$/
