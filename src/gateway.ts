@@ -14,7 +14,12 @@ import { payRoutes } from './api/routes/pay.js'
 import { transactionRoutes } from './api/routes/transactions.js'
 import { LedgerWriter } from './chain/ledger-tx.js'
 import { PaymentEngine } from './engine/engine.js'
+import { MppAdapter, type MppSettings } from './engine/adapters/mpp.js'
+import { X402Adapter } from './engine/adapters/x402.js'
 import { Idempotency } from './engine/idempotency.js'
+import { CardRail, HttpCardProvider, type CardProvider, type Rail } from './engine/rails.js'
+import { MppSessions } from './engine/sessions.js'
+import { DEFAULT_METHOD_RAILS } from './protocols/mpp.js'
 import { Reconciler } from './engine/reconciler.js'
 import { Upstream } from './engine/upstream.js'
 import { EventBus } from './events/bus.js'
@@ -38,6 +43,10 @@ import { Wallets } from './wallet/wallets.js'
 export interface GatewayOptions {
   log: Logger
   clock?: Clock
+  /** The MPP card rail's provider (overrides `mpp.cardProviderUrl`). */
+  cardProvider?: CardProvider
+  /** Extra MPP rails (Lightning, custom), by name. */
+  rails?: Rail[]
 }
 
 export interface Gateway {
@@ -85,6 +94,22 @@ async function closeServer(server: Server, graceMs: number): Promise<void> {
   clearTimeout(timer)
 }
 
+function railsOf(config: Config, opts: GatewayOptions): Map<string, Rail> {
+  const rails = new Map<string, Rail>()
+  const provider = opts.cardProvider ?? (config.mpp.cardProviderUrl ? new HttpCardProvider(config.mpp.cardProviderUrl, config.mpp.cardProviderKey) : null)
+  if (provider) rails.set('card', new CardRail(provider))
+  for (const r of opts.rails ?? []) rails.set(r.name, r)
+  return rails
+}
+
+function mppSettings(config: Config): MppSettings {
+  const methods: Record<string, string> = { ...DEFAULT_METHOD_RAILS }
+  for (const [k, v] of Object.entries(config.mpp.methods)) methods[k.toLowerCase()] = v
+  const rates: Record<string, string> = {}
+  for (const [k, v] of Object.entries(config.mpp.rates)) rates[k.toUpperCase()] = v
+  return { methods, rates, paymentEndpointHosts: config.mpp.paymentEndpointHosts, sessionTtlSeconds: config.mpp.sessionTtlSeconds }
+}
+
 /** The composition root: build every component from the config and start the listeners. */
 export async function startGateway(config: Config, opts: GatewayOptions): Promise<Gateway> {
   const clock = opts.clock ?? systemClock
@@ -117,7 +142,9 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     await outbox.start()
     upstream = new Upstream(config.upstream.caFile, config.pay.timeoutMs)
     const events = new EventBus()
-    const engine = new PaymentEngine({ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log })
+    const mpp = new MppAdapter(upstream, new MppSessions(store, registry, clock), railsOf(config, opts), mppSettings(config), clock)
+    const adapters = [new X402Adapter(upstream), mpp]
+    const engine = new PaymentEngine({ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log, adapters, mpp })
     reconciler = new Reconciler(engine, transactions, clock, log)
     reconciler.start()
     const idempotency = new Idempotency(store, clock, config.pay.idempotencyTtlHours * 3_600_000)

@@ -21,7 +21,8 @@ export class TokenBucket {
   take(): { ok: true } | { ok: false; retryAfter: number } {
     const now = this.clock.now()
     const perMs = this.perMinute / 60_000
-    this.tokens = Math.min(this.burst, this.tokens + (now - this.last) * perMs)
+    // A clock stepped backwards (NTP) refills nothing rather than draining the bucket.
+    this.tokens = Math.min(this.burst, this.tokens + Math.max(0, now - this.last) * perMs)
     this.last = now
     if (this.tokens >= 1) {
       this.tokens -= 1

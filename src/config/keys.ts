@@ -3,7 +3,7 @@
  * Environment names and CLI flags are derived by one rule (see envName/flagName), so
  * `chain.rpcUrl` is `PAYGATE_CHAIN_RPC_URL` and `--chain-rpc-url`.
  */
-export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount' | 'bool' | 'hostList'
+export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount' | 'bool' | 'hostList' | 'map'
 
 export interface KeySpec {
   path: string
@@ -13,7 +13,7 @@ export interface KeySpec {
   min?: number
   max?: number
   values?: readonly string[]
-  /** Extra check for secrets and strings; returns what is allowed when the value fails. */
+  /** Extra check for secrets and strings (and each value of a map); returns what is allowed when the value fails. */
   check?: (v: string) => string | null
   doc: string
 }
@@ -101,6 +101,22 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'faucet.gasEth', kind: 'amount', doc: 'Embedded chain only (dev faucet): native gas balance (ETH) given to each new wallet.' },
   { path: 'pay.timeoutMs', kind: 'int', min: 100, max: 600_000, doc: 'How long one attempt at the target may take (response headers and each body chunk) before it counts as a transient failure.' },
   { path: 'pay.idempotencyTtlHours', kind: 'int', min: 1, max: 24 * 30, doc: 'How long an idempotency key and its stored result are kept, per agent.' },
+  {
+    path: 'mpp.methods',
+    kind: 'map',
+    check: (v) => (/^[a-z0-9_-]{1,32}$/.test(v) ? null : 'a rail name such as stablecoin, card or lightning'),
+    doc: 'MPP method identifiers mapped to rails, over the built-in map (`stablecoin`, `usdc`, `tempo` → stablecoin; `card`, `stripe` → card; `lightning` → lightning). A JSON object in a config file; `tempo=stablecoin,acme=card` in the environment.',
+  },
+  {
+    path: 'mpp.rates',
+    kind: 'map',
+    check: (v) => (/^\d{1,12}(\.\d{1,18})?$/.test(v) ? null : 'a decimal rate (USDC per unit), e.g. 1.08'),
+    doc: 'USDC per unit of another MPP currency (e.g. `EUR=1.08`). Without a rate only USD and USDC (1:1, at most 6 decimals) are paid; converted amounts round up to the next base unit.',
+  },
+  { path: 'mpp.paymentEndpointHosts', kind: 'hostList', doc: "Hosts an MPP `paymentEndpoint` may be on besides the target's own origin (a shared payment service). Comma-separated in the environment." },
+  { path: 'mpp.sessionTtlSeconds', kind: 'int', min: 1, max: 30 * 24 * 3600, doc: 'Lifetime of an MPP session when neither the answer (`X-MPP-Session-Expires`) nor the offer (`sessionTtlSeconds`) names one.' },
+  { path: 'mpp.cardProviderUrl', kind: 'url', optional: true, doc: "Card provider for the MPP card rail: Paygate POSTs each charge there and sends the returned token as the payment's authorization (see README). Unset: the card rail is off." },
+  { path: 'mpp.cardProviderKey', kind: 'secret', optional: true, doc: 'Bearer key sent to `mpp.cardProviderUrl`.' },
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
   { path: 'shutdown.graceMs', kind: 'int', min: 0, max: 600_000, doc: 'On SIGINT/SIGTERM, how long in-flight requests may finish before connections are closed.' },

@@ -25,6 +25,14 @@ export interface Config {
   /** Dev faucet amounts as decimal strings (USDC, ETH). */
   faucet: { usdc: string; gasEth: string }
   pay: { timeoutMs: number; idempotencyTtlHours: number }
+  mpp: {
+    methods: Record<string, string>
+    rates: Record<string, string>
+    paymentEndpointHosts: string[]
+    sessionTtlSeconds: number
+    cardProviderUrl: string | null
+    cardProviderKey: string | null
+  }
   upstream: { caFile: string | null }
   log: { level: string }
   shutdown: { graceMs: number }
@@ -35,12 +43,14 @@ type Raw = { value: unknown; source: Source }
 
 const DEFAULT_FILE = new URL('../../config/default.json', import.meta.url)
 
-/** Flatten a nested JSON object into dotted leaf paths. */
+const MAP_KEYS = new Set(KEYS.filter((k) => k.kind === 'map').map((k) => k.path))
+
+/** Flatten a nested JSON object into dotted leaf paths (a map-valued key is a leaf). */
 function flatten(obj: unknown, prefix = '', out = new Map<string, unknown>()): Map<string, unknown> {
   if (obj && typeof obj === 'object' && !Array.isArray(obj)) {
     for (const [k, v] of Object.entries(obj)) {
       const p = prefix ? `${prefix}.${k}` : k
-      if (v && typeof v === 'object' && !Array.isArray(v)) flatten(v, p, out)
+      if (v && typeof v === 'object' && !Array.isArray(v) && !MAP_KEYS.has(p)) flatten(v, p, out)
       else out.set(p, v)
     }
   }
@@ -169,6 +179,22 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
       const items = Array.isArray(v) ? v : typeof v === 'string' ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
       const ok = items?.every((x) => typeof x === 'string' && /^[A-Za-z0-9.*:[\]-]{1,253}$/.test(x))
       return items && ok ? [items.map((x: string) => x.toLowerCase()), null] : [undefined, 'a list of host names (comma-separated in the environment)']
+    }
+    case 'map': {
+      let entries: [string, unknown][] | null = null
+      if (typeof v === 'object' && !Array.isArray(v)) entries = Object.entries(v as object)
+      else if (typeof v === 'string') {
+        const pairs = v.split(',').map((x) => x.trim()).filter(Boolean).map((x) => x.split('='))
+        if (pairs.every((p) => p.length === 2)) entries = pairs.map(([k, val]) => [k!.trim(), val!.trim()])
+      }
+      const what = `key=value pairs (comma-separated in the environment, an object in a file) with values: ${spec.check?.('\u0000') ?? 'strings'}`
+      if (!entries) return [undefined, what]
+      const out: Record<string, string> = {}
+      for (const [k, val] of entries) {
+        if (!/^[A-Za-z0-9._:/-]{1,64}$/.test(k) || typeof val !== 'string' || spec.check?.(val)) return [undefined, what]
+        out[k] = val
+      }
+      return [out, null]
     }
     case 'secret':
     case 'string': {

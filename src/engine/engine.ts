@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto'
 import { Readable } from 'node:stream'
 import type { Registry } from '../agents/registry.js'
 import type { Chain } from '../chain/chain.js'
@@ -6,34 +5,31 @@ import { paygateUsdcAbi } from '../chain/contracts/abis.js'
 import { ledgerLocation, recordIdOf, ZERO32 } from '../chain/ledger-tx.js'
 import { PaygateError } from '../errors/index.js'
 import type { EventBus } from '../events/bus.js'
-import { endpointOf, newTxId, type StoredAuthorization, type Transactions, type TxRecord } from '../ledger/transactions.js'
+import { endpointOf, isEip3009, newTxId, type StoredAuthorization, type Transactions, type TxRecord } from '../ledger/transactions.js'
 import type { Outbox } from '../ledger/outbox.js'
 import type { Logger } from '../log/index.js'
-import { decide } from '../policy/decide.js'
+import { decide, domainPermitted, pickProtocol } from '../policy/decide.js'
 import { domainOf } from '../policy/domains.js'
+import type { ProtocolPreference } from '../policy/model.js'
 import type { PolicyStore } from '../policy/store.js'
 import type { Store } from '../store/index.js'
-import { commit, heldAmount, hold, release, usedToday } from '../policy/usage.js'
-import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain, Settlement } from '../protocols/types.js'
-import { authorizationFor, choose, detectX402, paymentHeaders, readSettlement, sameOrigin, typedData, typedDataDigest } from '../protocols/x402.js'
+import { commit, countSessionCall, heldAmount, hold, release, usedToday } from '../policy/usage.js'
+import { SESSION_HEADER } from '../protocols/mpp.js'
+import type { HttpAnswer, PayableChain, ProtocolName, Settlement } from '../protocols/types.js'
 import type { Clock } from '../util/clock.js'
 import { formatUnits, toUsdcNumber } from '../util/money.js'
 import { KeyedMutex } from '../util/mutex.js'
 import type { Wallets } from '../wallet/wallets.js'
+import type { MppAdapter } from './adapters/mpp.js'
+import type { Delivery, PayRequest, Plan, ProtocolAdapter } from './adapters/types.js'
 import { readBody, UpstreamError, type Upstream, type UpstreamResponse } from './upstream.js'
 
-export interface PayRequest {
-  agentId: string
-  url: string
-  method: string
-  /** Lower-case names; hop-by-hop and Paygate's own headers already removed. */
-  headers: Record<string, string>
-  body: Buffer | null
-  parentTxHash?: string
-}
+export type { PayRequest } from './adapters/types.js'
 
 export interface PaymentInfo {
-  protocol: 'x402' | 'mpp'
+  protocol: ProtocolName
+  /** `stablecoin`, `card`, or another MPP rail. */
+  rail: string
   amount: bigint
   txHash: string
   transactionId: string
@@ -43,12 +39,14 @@ export interface PaymentInfo {
 /**
  * What the target answered, and the payment made for it, if any. `unpaid` explains a 402
  * Paygate could not pay (no known shape, nothing payable here): the proxy passes such an
- * answer through, `POST /v1/pay` turns it into an error.
+ * answer through, `POST /v1/pay` turns it into an error. `session`: served under an MPP
+ * session bought earlier, with no payment.
  */
 export interface PayOutcome {
   response: UpstreamResponse
   payment: PaymentInfo | null
   unpaid?: PaygateError
+  session?: { protocol: 'mpp' }
 }
 
 export interface EngineDeps {
@@ -63,15 +61,22 @@ export interface EngineDeps {
   events: EventBus
   clock: Clock
   log: Logger
+  /** Protocol adapters, x402 first; `mpp` is also the owner of MPP sessions. */
+  adapters: readonly ProtocolAdapter[]
+  mpp: MppAdapter
 }
 
 const MAX_402_BODY = 256 * 1024
 const MAX_ATTEMPTS = 3
 /** An authorization this close to expiry is not resent. */
-const RESEND_MARGIN_S = 6n
+const RESEND_MARGIN_MS = 6_000
 const BUDGET_WARNING_PCT = 80
 
 const answerStream = (a: HttpAnswer): UpstreamResponse => ({ status: a.status, headers: a.headers, body: Readable.from([a.body]) })
+const lostAnswer = (): UpstreamResponse => ({ status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) })
+/** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
+const sessionRefused = (status: number): boolean => status === 401 || status === 402
+const expiryMs = (a: StoredAuthorization): number => (isEip3009(a) ? Number(a.validBefore) * 1000 : a.expiresAt)
 
 /**
  * The pay flow, shared by `POST /v1/pay` and the proxy: send → 402? → detect offers →
@@ -80,6 +85,8 @@ const answerStream = (a: HttpAnswer): UpstreamResponse => ({ status: a.status, h
  */
 export class PaymentEngine {
   private readonly usageLock = new KeyedMutex()
+  /** Per agent and service origin: one MPP session negotiation at a time. */
+  private readonly negotiations = new KeyedMutex()
   /** Transactions whose outcome this process is still working on (the reconciler skips them). */
   readonly inFlight = new Set<string>()
 
@@ -103,25 +110,82 @@ export class PaymentEngine {
   }
 
   async pay(req: PayRequest): Promise<PayOutcome> {
-    await this.d.registry.requireAgent(req.agentId)
+    const { agentId } = req
+    await this.d.registry.requireAgent(agentId)
     const parent = req.parentTxHash ? await this.parentOf(req.parentTxHash) : null
-    const first = await this.send(req, {}).catch((e: unknown) => {
-      throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
-    })
+    const policy = await this.d.policies.policyOf(agentId)
+
+    // A valid MPP session with this service is sent along: no payment if the target takes it.
+    let session = await this.d.mpp.session(agentId, req.url)
+    if (session && !domainPermitted(policy, domainOf(req.url))) session = null
+    let first = await this.sendOrUnreachable(req, session ? { [SESSION_HEADER]: session.token } : {})
+    if (session) {
+      if (!sessionRefused(first.status)) return this.sessionCall(agentId, first)
+      await this.d.mpp.dropSession(agentId, req.url, session.token)
+      if (first.status === 401) {
+        first.body.resume()
+        first = await this.sendOrUnreachable(req, {})
+      }
+    }
     if (first.status !== 402) return { response: first, payment: null }
 
     const answer: HttpAnswer = { status: 402, headers: first.headers, body: await readBody(first.body, MAX_402_BODY) }
-    const detection = detectX402(answer)
-    if (!detection.recognized) {
-      return { response: answerStream(answer), payment: null, unpaid: new PaygateError('payment_protocol_error', 'the target answered 402 without a payment requirement in any known shape') }
+    const picked = this.pick(answer, req, policy.protocolPreference)
+    if ('unpaid' in picked) return { response: answerStream(answer), payment: null, unpaid: picked.unpaid }
+    const { plan } = picked
+    if (!plan.session || session) return this.payPlan(req, plan, parent)
+
+    // One negotiation per agent and service: concurrent first calls wait here and then
+    // ride on the session the first one bought.
+    return this.negotiations.run(`${agentId}\u0000${new URL(req.url).origin}`, async () => {
+      const bought = await this.d.mpp.session(agentId, req.url)
+      if (bought) {
+        const res = await this.sendOrUnreachable(req, { [SESSION_HEADER]: bought.token })
+        if (!sessionRefused(res.status)) return this.sessionCall(agentId, res)
+        res.body.resume()
+        await this.d.mpp.dropSession(agentId, req.url, bought.token)
+      }
+      return this.payPlan(req, plan, parent)
+    })
+  }
+
+  /** Every adapter reads the 402 (one failing never hides another); the policy's preference picks among the payable. */
+  private pick(answer: HttpAnswer, req: PayRequest, pref: ProtocolPreference): { plan: Plan } | { unpaid: PaygateError } {
+    const chain = this.payable
+    const plans = new Map<ProtocolName, Plan>()
+    const problems: string[] = []
+    let present = 0
+    let malformed = 0
+    for (const adapter of this.d.adapters) {
+      let d
+      try {
+        d = adapter.detect(answer, req, chain)
+      } catch (e) {
+        this.d.log.warn({ err: e, protocol: adapter.protocol }, 'offer detection failed')
+        continue
+      }
+      if (!d.present) continue
+      present++
+      if (d.plan) plans.set(adapter.protocol, d.plan)
+      else {
+        problems.push(d.why)
+        if (d.malformed) malformed++
+      }
     }
-    const offer = choose(detection.offers, this.payable, req.url)
-    if (!offer) {
-      const why = detection.offers.length === 0 ? `no readable offer (${detection.problems.map((p) => p.message).join('; ')})` : 'no offer on this chain and token for this origin'
-      return { response: answerStream(answer), payment: null, unpaid: new PaygateError('no_payable_offer', `the target's 402 has ${why}`) }
-    }
-    if (!sameOrigin(offer, req.url)) throw new PaygateError('no_payable_offer', 'the offer names a resource on another origin')
-    return this.payOffer(req, offer, parent)
+    const chosen = pickProtocol(pref, [...plans.keys()])
+    if (chosen) return { plan: plans.get(chosen)! }
+    if (present === 0) return { unpaid: new PaygateError('payment_protocol_error', 'the target answered 402 without a payment requirement in any known shape') }
+    if (malformed === present) return { unpaid: new PaygateError('payment_protocol_error', `the target's 402 cannot be read: ${problems.join('; ')}`) }
+    return { unpaid: new PaygateError('no_payable_offer', `the target's 402 has ${problems.join('; ')}`) }
+  }
+
+  /** A call the target served under an MPP session: no payment, counted in the agent's usage. */
+  private async sessionCall(agentId: string, response: UpstreamResponse): Promise<PayOutcome> {
+    await this.withUsage(agentId, async () => {
+      const usage = await this.d.policies.usageOf(agentId)
+      await this.d.store.batch([this.d.policies.usageOp(agentId, countSessionCall(usage, this.d.clock.now()))])
+    })
+    return { response, payment: null, session: { protocol: 'mpp' } }
   }
 
   private async parentOf(hash: string): Promise<TxRecord> {
@@ -130,11 +194,13 @@ export class PaymentEngine {
     return p
   }
 
-  private send(req: PayRequest, extra: Record<string, string>, timeoutMs?: number): Promise<UpstreamResponse> {
-    return this.d.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...extra }, body: req.body, ...(timeoutMs ? { timeoutMs } : {}) })
+  private sendOrUnreachable(req: PayRequest, extra: Record<string, string>): Promise<UpstreamResponse> {
+    return this.d.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...extra }, body: req.body }).catch((e: unknown) => {
+      throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
+    })
   }
 
-  private async payOffer(req: PayRequest, offer: Offer, parent: TxRecord | null): Promise<PayOutcome> {
+  private async payPlan(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {
     const { agentId } = req
     const now = this.d.clock.now()
     const base: TxRecord = {
@@ -145,46 +211,42 @@ export class PaymentEngine {
       updatedAt: now,
       endpoint: endpointOf(req.url),
       method: req.method,
-      protocol: offer.protocol,
-      amount: offer.amount.toString(),
+      protocol: plan.protocol,
+      rail: plan.rail,
+      ...(plan.paymentMethod ? { paymentMethod: plan.paymentMethod } : {}),
+      amount: plan.amount.toString(),
       txHash: null,
       parentTxHash: parent?.txHash ?? null,
       depth: parent ? parent.depth + 1 : 0,
-      offer: { shape: offer.shape, scheme: offer.scheme, network: offer.network, asset: offer.asset, payTo: offer.payTo, resource: offer.resource },
+      offer: plan.offer,
     }
     const wallet = await this.d.wallets.require(agentId)
     const signer = await this.d.wallets.signer(agentId)
+    const signing = { address: wallet.address as `0x${string}`, signDigest: (d: `0x${string}`) => signer.signDigest65(d) }
 
     // Policy, funds, signature and reservation, atomically per agent: one batch writes the
-    // hold and the record with its signed authorization before anything leaves.
+    // hold and the record (with its signed authorization when signing is local) before
+    // anything leaves.
     const reserved = await this.withUsage(agentId, async () => {
       const [policy, usage] = await Promise.all([this.d.policies.policyOf(agentId), this.d.policies.usageOf(agentId)])
-      const decision = decide(policy, usage, { host: domainOf(req.url), amount: offer.amount }, now)
+      const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, now)
       if (!decision.ok) {
         await this.d.transactions.put({ ...base, status: 'rejected', reason: decision.reason, detail: decision.detail })
         return { kind: 'rejected' as const, reason: decision.reason, detail: decision.detail }
       }
-      // Funds: the on-chain balance less what other in-flight payments have reserved.
-      const balance = await this.d.chain.balanceOf(wallet.address)
-      const available = balance - heldAmount(usage)
-      if (available < offer.amount) {
-        await this.d.transactions.put({ ...base, status: 'failed', error: 'insufficient_funds' })
-        return { kind: 'funds' as const, balance, available }
+      if (plan.fromWallet) {
+        // Funds: the on-chain balance less what other in-flight payments have reserved.
+        const balance = await this.d.chain.balanceOf(wallet.address)
+        const available = balance - heldAmount(usage)
+        if (available < plan.amount) {
+          await this.d.transactions.put({ ...base, status: 'failed', error: 'insufficient_funds' })
+          return { kind: 'funds' as const, balance, available }
+        }
       }
-      const auth = authorizationFor(offer, { from: wallet.address, nonce: `0x${randomBytes(32).toString('hex')}`, nowSeconds: this.d.clock.now() / 1000 })
-      const signature = signer.signDigest65(typedDataDigest(typedData(offer, auth, this.d.chain.info.chainId, { name: 'USD Coin', version: '2' })))
-      const authorization: StoredAuthorization = {
-        from: auth.from,
-        to: auth.to,
-        value: auth.value.toString(),
-        validAfter: auth.validAfter.toString(),
-        validBefore: auth.validBefore.toString(),
-        nonce: auth.nonce,
-        signature,
-      }
-      const rec: TxRecord = { ...base, authorization }
+      const authorization = plan.signsLocally ? await plan.authorize({ req, txId: base.id, wallet: signing, nowMs: now }) : undefined
+      const rec: TxRecord = { ...base, ...(authorization ? { authorization } : {}) }
       await this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)])
-      return { kind: 'reserved' as const, rec, auth, signature }
+      return { kind: 'reserved' as const, rec }
     })
     if (reserved.kind === 'rejected') {
       this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: reserved.reason, detail: reserved.detail, endpoint: base.endpoint, transactionId: base.id })
@@ -192,59 +254,80 @@ export class PaymentEngine {
     }
     if (reserved.kind === 'funds') {
       const { balance, available } = reserved
-      throw new PaygateError('insufficient_funds', `wallet holds ${formatUnits(balance)} USDC with ${formatUnits(balance - available)} reserved; ${formatUnits(offer.amount)} needed`, {
-        required: { usdc: toUsdcNumber(offer.amount) },
+      throw new PaygateError('insufficient_funds', `wallet holds ${formatUnits(balance)} USDC with ${formatUnits(balance - available)} reserved; ${formatUnits(plan.amount)} needed`, {
+        required: { usdc: toUsdcNumber(plan.amount) },
         available: { usdc: toUsdcNumber(available > 0n ? available : 0n) },
       })
     }
     this.inFlight.add(base.id)
     try {
-      return await this.send402Paid(req, offer, reserved.rec, reserved.auth, reserved.signature)
+      let rec = reserved.rec
+      if (!rec.authorization) {
+        // A remote rail (card, ...) is asked only now, outside the agent's lock.
+        let authorization: StoredAuthorization
+        try {
+          authorization = await plan.authorize({ req, txId: rec.id, wallet: signing, nowMs: this.d.clock.now() })
+        } catch (e) {
+          const err = e instanceof PaygateError ? e : new PaygateError('payment_failed', `the ${plan.rail} rail failed: ${(e as Error).message}`)
+          await this.finish(rec, { status: 'failed', error: err.detail }, 'release')
+          throw err
+        }
+        const next = { ...rec, authorization, updatedAt: this.d.clock.now() }
+        await this.d.store.batch(this.d.transactions.ops(next, rec))
+        rec = next
+      }
+      return await this.deliver(req, plan, rec)
     } finally {
       this.inFlight.delete(base.id)
     }
   }
 
-  /** Retry the request with the payment; the same authorization on transient failures, never a second one. */
-  private async send402Paid(req: PayRequest, offer: Offer, signed: TxRecord, auth: Eip3009Authorization, signature: `0x${string}`): Promise<PayOutcome> {
+  /**
+   * Send the payment; on a transient failure resend the SAME authorization once the chain
+   * says it was not used; never a second one. Proofs with no on-chain state are resent
+   * as they are (the merchant dedupes them) and kept held when the outcome stays unknown.
+   */
+  private async deliver(req: PayRequest, plan: Plan, signed: TxRecord): Promise<PayOutcome> {
+    const auth = signed.authorization!
+    const onChain = isEip3009(auth)
     let rec = signed
-    const headers = paymentHeaders(offer, auth, signature)
-
     let last: { response: UpstreamResponse | null; error: string } = { response: null, error: '' }
+    let used: boolean | null = null
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
       rec = { ...rec, attempts: attempt }
-      let res: UpstreamResponse | null = null
+      let d: Delivery
       try {
-        res = await this.send(req, headers)
+        d = await plan.deliver(req, auth, rec.id)
       } catch (e) {
-        last = { response: null, error: (e as Error).message }
+        d = { kind: 'transient', response: null, error: (e as Error).message }
       }
-      if (res && res.status < 500 && res.status !== 402) {
-        // Served: the target took the payment.
-        return this.paid(rec, res, offer)
+      if (d.kind === 'served') return this.paid(rec, d.response, plan)
+      // Refused, 5xx or no answer: the chain says whether the money moved.
+      used = onChain ? await this.used(auth).catch(() => null) : null
+      if (used === true) return this.paid(rec, d.response ?? lostAnswer(), plan)
+      last = { response: null, error: d.error }
+      if (d.response) {
+        const body = await readBody(d.response.body, MAX_402_BODY).catch(() => Buffer.alloc(0))
+        last = { response: { status: d.response.status, headers: d.response.headers, body: Readable.from([body]) }, error: `${d.error}: ${body.toString('utf8', 0, 200)}` }
       }
-      // 402 again, 5xx or no answer: the chain says whether the money moved.
-      const used = await this.authorizationUsed(auth.from, auth.nonce).catch(() => null)
-      if (used === true) {
-        if (res) return this.paid(rec, res, offer)
-        const answer: UpstreamResponse = { status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) }
-        return this.paid(rec, answer, offer)
-      }
-      if (res) {
-        const body = await readBody(res.body, MAX_402_BODY).catch(() => Buffer.alloc(0))
-        last = { response: { status: res.status, headers: res.headers, body: Readable.from([body]) }, error: `target answered ${res.status}: ${body.toString('utf8', 0, 200)}` }
-        if (res.status === 402 && used === false) break // refused outright: resending the same proof will not help
-      }
-      const nowS = BigInt(Math.floor(this.d.clock.now() / 1000))
-      if (used === false && auth.validBefore - nowS <= RESEND_MARGIN_S) break
+      // Refused outright: resending the same proof will not help.
+      if (d.kind === 'refused' && (used === false || !onChain)) break
+      if (expiryMs(auth) - this.d.clock.now() <= RESEND_MARGIN_MS) break
     }
-    // Not paid as far as we know. If the chain could not tell us, keep the reservation for the reconciler.
-    const used = await this.authorizationUsed(auth.from, auth.nonce).catch(() => null)
-    if (used === true) return this.paid(rec, last.response ?? { status: 502, headers: {}, body: Readable.from([Buffer.alloc(0)]) }, offer)
-    if (used === null) await this.finish(rec, { status: 'unknown', error: last.error }, 'keep')
+    // Not paid as far as we know. If nothing can tell (the chain was unreachable, or an
+    // off-chain proof got no answer), keep the reservation for the reconciler.
+    if (onChain) used = await this.used(auth).catch(() => null)
+    if (used === true) return this.paid(rec, last.response ?? lostAnswer(), plan)
+    const unknown = onChain ? used === null : !(last.response !== null && last.response.status < 500)
+    if (unknown) await this.finish(rec, { status: 'unknown', error: last.error }, 'keep')
     else await this.finish(rec, { status: 'failed', error: last.error, ...(last.response ? { upstreamStatus: last.response.status } : {}) }, 'release')
     this.d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })
     throw new PaygateError('payment_failed', `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
+  }
+
+  private used(a: StoredAuthorization): Promise<boolean> {
+    if (!isEip3009(a)) throw new Error('no on-chain state')
+    return this.authorizationUsed(a.from as `0x${string}`, a.nonce)
   }
 
   async authorizationUsed(from: `0x${string}`, nonce: string): Promise<boolean> {
@@ -268,8 +351,8 @@ export class PaymentEngine {
   }
 
   /** Commit the reservation, write the paid record and its ledger record in one batch, emit events. */
-  async paid(rec: TxRecord, res: UpstreamResponse, offer: Pick<Offer, 'protocol'>): Promise<PayOutcome> {
-    const settlement = readSettlement(res.headers)
+  async paid(rec: TxRecord, res: UpstreamResponse, plan: Pick<Plan, 'protocol' | 'rail'> & Partial<Pick<Plan, 'settlement'>>): Promise<PayOutcome> {
+    const settlement = plan.settlement?.(res.headers) ?? null
     const now = this.d.clock.now()
     const policy = await this.d.policies.policyOf(rec.agentId)
     const { origin, pathHash } = ledgerLocation(rec.endpoint)
@@ -287,7 +370,7 @@ export class PaymentEngine {
           parentTxHash: (rec.parentTxHash as `0x${string}` | null) ?? ZERO32,
           agentId: rec.agentId,
           amount: BigInt(rec.amount),
-          protocol: offer.protocol,
+          protocol: plan.protocol,
           origin,
           pathHash,
           depth: rec.depth,
@@ -308,7 +391,7 @@ export class PaymentEngine {
       )
     })
     const ts = new Date(now).toISOString()
-    this.d.events.emit('payment.completed', { agentId: rec.agentId, timestamp: ts, transactionId: rec.id, protocol: offer.protocol, amountUsdc: toUsdcNumber(BigInt(rec.amount)), endpoint: rec.endpoint, txHash })
+    this.d.events.emit('payment.completed', { agentId: rec.agentId, timestamp: ts, transactionId: rec.id, protocol: plan.protocol, rail: plan.rail, amountUsdc: toUsdcNumber(BigInt(rec.amount)), endpoint: rec.endpoint, txHash })
     if (policy.dailyBudget !== undefined) {
       const budget = BigInt(policy.dailyBudget)
       const mark = (budget * BigInt(BUDGET_WARNING_PCT)) / 100n
@@ -323,6 +406,6 @@ export class PaymentEngine {
         })
       }
     }
-    return { response: res, payment: { protocol: offer.protocol, amount: BigInt(rec.amount), txHash, transactionId: rec.id, settlement } }
+    return { response: res, payment: { protocol: plan.protocol, rail: plan.rail, amount: BigInt(rec.amount), txHash, transactionId: rec.id, settlement } }
   }
 }

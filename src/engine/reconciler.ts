@@ -1,6 +1,6 @@
 import { Readable } from 'node:stream'
 import type { Logger } from '../log/index.js'
-import type { Transactions, TxRecord } from '../ledger/transactions.js'
+import { isEip3009, type Transactions, type TxRecord } from '../ledger/transactions.js'
 import type { Clock } from '../util/clock.js'
 import type { PaymentEngine } from './engine.js'
 
@@ -51,12 +51,21 @@ export class Reconciler {
       await this.engine.finish(r, { status: 'failed', error: 'interrupted before signing' }, 'release')
       return
     }
+    const nowMs = this.clock.now()
+    if (!isEip3009(a)) {
+      // No on-chain state to ask (an MPP intent or a rail's token): held until the merchant can no longer redeem it.
+      if (a.expiresAt <= nowMs) {
+        await this.engine.finish(r, { status: 'failed', error: r.error ?? 'outcome unknown; the proof expired, reservation released' }, 'release')
+        this.log.info({ transactionId: r.id }, 'reconciled: an off-chain proof expired with its outcome unknown, reservation released')
+      }
+      return
+    }
     const used = await this.engine.authorizationUsed(a.from as `0x${string}`, a.nonce)
     if (used) {
       const res = { status: r.upstreamStatus ?? 502, headers: {}, body: Readable.from([Buffer.alloc(0)]) }
-      await this.engine.paid(r, res, { protocol: r.protocol ?? 'x402' })
+      await this.engine.paid(r, res, { protocol: r.protocol ?? 'x402', rail: r.rail ?? 'stablecoin' })
       this.log.info({ transactionId: r.id }, 'reconciled: the authorization was used on chain, recorded as paid')
-    } else if (BigInt(a.validBefore) <= BigInt(Math.floor(this.clock.now() / 1000))) {
+    } else if (BigInt(a.validBefore) <= BigInt(Math.floor(nowMs / 1000))) {
       await this.engine.finish(r, { status: 'failed', error: r.error ?? 'authorization expired unused' }, 'release')
       this.log.info({ transactionId: r.id }, 'reconciled: the authorization expired unused, reservation released')
     }

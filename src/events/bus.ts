@@ -4,7 +4,7 @@ import { EventEmitter } from 'node:events'
 export interface EventMap {
   'policy.violation': { agentId: string; timestamp: string; reason: string; detail: string; endpoint: string; transactionId: string }
   'budget.warning': { agentId: string; timestamp: string; threshold: number; usedPct: number; usedUsdc: number; dailyBudgetUsdc: number }
-  'payment.completed': { agentId: string; timestamp: string; transactionId: string; protocol: string; amountUsdc: number; endpoint: string; txHash: string }
+  'payment.completed': { agentId: string; timestamp: string; transactionId: string; protocol: string; rail: string; amountUsdc: number; endpoint: string; txHash: string }
   'payment.failed': { agentId: string; timestamp: string; transactionId: string; error: string; endpoint: string }
 }
 

@@ -13,7 +13,9 @@ import type { BatchOp, Collection, Store } from '../store/index.js'
 export type TxStatus = 'pending' | 'paid' | 'rejected' | 'failed' | 'unknown'
 export const TX_STATUSES: readonly TxStatus[] = ['pending', 'paid', 'rejected', 'failed', 'unknown']
 
-export interface StoredAuthorization {
+/** A signed EIP-3009 authorization: its nonce's state on chain tells whether it was paid. */
+export interface Eip3009Stored {
+  kind?: 'eip3009'
   from: string
   to: string
   value: string
@@ -22,6 +24,21 @@ export interface StoredAuthorization {
   nonce: string
   signature: string
 }
+
+/**
+ * An authorization with no on-chain state to check (an MPP payment intent, a card token,
+ * another rail's proof): `wire` is what was sent, resent unchanged on a transient failure.
+ */
+export interface OffChainStored {
+  kind: 'intent' | 'card' | 'rail'
+  /** Unix ms after which the merchant can no longer redeem it. */
+  expiresAt: number
+  wire: unknown
+}
+
+export type StoredAuthorization = Eip3009Stored | OffChainStored
+
+export const isEip3009 = (a: StoredAuthorization): a is Eip3009Stored => a.kind === undefined || a.kind === 'eip3009'
 
 export interface TxRecord {
   id: string
@@ -33,6 +50,10 @@ export interface TxRecord {
   endpoint: string
   method: string
   protocol: 'x402' | 'mpp' | null
+  /** How it was paid: `stablecoin` (x402 and MPP on chain), `card`, or another MPP rail. */
+  rail?: string
+  /** MPP: the payment method identifier as offered (e.g. `tempo`, `stripe`). */
+  paymentMethod?: string
   /** Base units of the chosen offer. */
   amount: string
   /** Hash of the ledger transaction recording this payment (known before it is sent). */
@@ -142,6 +163,8 @@ export function txView(r: TxRecord): Record<string, unknown> {
     agentId: r.agentId,
     status: r.status,
     protocol: r.protocol,
+    ...(r.rail ? { rail: r.rail } : {}),
+    ...(r.paymentMethod ? { paymentMethod: r.paymentMethod } : {}),
     amountPaid: usdc(r.status === 'paid' ? BigInt(r.amount) : 0n),
     amountQuoted: usdc(BigInt(r.amount)),
     endpoint: r.endpoint,

@@ -1,6 +1,6 @@
 import { formatUnits } from '../util/money.js'
 import { matchesAny } from './domains.js'
-import { RATE_WINDOWS, type StoredPolicy } from './model.js'
+import { RATE_WINDOWS, type ProtocolPreference, type StoredPolicy } from './model.js'
 import { heldAmount, paymentsWithin, usedToday, type UsageState } from './usage.js'
 
 export type PolicyReason = 'domain_blocked' | 'domain_not_allowed' | 'per_call_limit_exceeded' | 'rate_limit_exceeded' | 'daily_budget_exceeded'
@@ -55,4 +55,18 @@ export function decide(policy: StoredPolicy, usage: UsageState, req: { host: str
     }
   }
   return { ok: true }
+}
+
+/** May the agent deal with `host` at all (blocked and allowed domains only)? Gates the reuse of a bought MPP session. */
+export const domainPermitted = (policy: StoredPolicy, host: string): boolean =>
+  !matchesAny(policy.blockedDomains, host) && (!policy.allowedDomains || matchesAny(policy.allowedDomains, host))
+
+/**
+ * Which protocol pays when a 402 offers several in a form Paygate can pay. `auto` and
+ * `x402` take x402 when it is payable, else MPP; `mpp` takes MPP when payable, else x402.
+ */
+export function pickProtocol<P extends string>(pref: ProtocolPreference, payable: readonly P[]): P | null {
+  const order = pref === 'mpp' ? ['mpp', 'x402'] : ['x402', 'mpp']
+  for (const p of order) if ((payable as readonly string[]).includes(p)) return p as P
+  return payable[0] ?? null
 }

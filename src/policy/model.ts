@@ -1,7 +1,7 @@
 import { invalid } from '../errors/index.js'
 import { AmountError, MAX_USDC_UNITS, parseDecimal, usdc } from '../util/money.js'
 import { normalizeHost } from './domains.js'
-import { DAY_MS, HOUR_MS, paymentsThisHour, usedToday, type UsageState } from './usage.js'
+import { DAY_MS, HOUR_MS, paymentsThisHour, sessionCallsOf, usedToday, type UsageState } from './usage.js'
 
 export const RATE_WINDOWS = { '1m': 60_000, '5m': 300_000, '15m': 900_000, '1h': HOUR_MS, '24h': DAY_MS } as const
 export type RateWindow = keyof typeof RATE_WINDOWS
@@ -72,7 +72,7 @@ function rateLimit(v: unknown): { calls: number; window: RateWindow } {
 }
 
 /** Fields a client may send back unchanged from a GET (read-only, ignored). */
-const READ_ONLY = new Set(['agentId', 'updatedAt'])
+const READ_ONLY = new Set(['agentId', 'updatedAt', 'sessionCalls'])
 const FIELDS = new Set(['dailyBudget', 'perCallLimit', 'allowedDomains', 'blockedDomains', 'rateLimit', 'protocolPreference'])
 
 /**
@@ -122,6 +122,7 @@ export function policyView(agentId: string, p: StoredPolicy, usage: UsageState, 
   view.blockedDomains = p.blockedDomains
   if (p.rateLimit) view.rateLimit = { ...p.rateLimit, usedThisHour: paymentsThisHour(usage, now) }
   view.protocolPreference = p.protocolPreference
+  view.sessionCalls = sessionCallsOf(usage, now)
   if (p.updatedAt) view.updatedAt = p.updatedAt
   return view
 }

@@ -28,6 +28,8 @@ export interface UsageState {
   perMinute?: [number, number][]
   /** Reservations of payments in flight. */
   holds?: Hold[]
+  /** Calls served under an MPP session (no payment): a running total and `[hourStartMs, count]` for the trailing 24 h. */
+  sessionCalls?: { total: number; hours: [number, number][] }
 }
 
 export const emptyUsage = (): UsageState => ({ periodStart: null, spent: '0', payments: [] })
@@ -77,5 +79,22 @@ export function commit(u: UsageState, id: string, now: number, keep: number): Us
     payments: keep > 0 ? recent.slice(-keep) : [],
     perMinute,
     holds: (u.holds ?? []).filter((x) => x.id !== id),
+    ...(u.sessionCalls ? { sessionCalls: u.sessionCalls } : {}),
   }
 }
+
+/** Count one call served under an MPP session (no budget, no payment). */
+export function countSessionCall(u: UsageState, now: number): UsageState {
+  const hour = now - (now % HOUR_MS)
+  const hours = (u.sessionCalls?.hours ?? []).filter(([h]) => h > now - DAY_MS)
+  const last = hours[hours.length - 1]
+  if (last && last[0] === hour) hours[hours.length - 1] = [hour, last[1] + 1]
+  else hours.push([hour, 1])
+  return { ...u, sessionCalls: { total: (u.sessionCalls?.total ?? 0) + 1, hours } }
+}
+
+/** Session calls in the trailing 24 h (to the hour) and in total. */
+export const sessionCallsOf = (u: UsageState, now: number): { total: number; last24h: number } => ({
+  total: u.sessionCalls?.total ?? 0,
+  last24h: (u.sessionCalls?.hours ?? []).reduce((n, [h, c]) => (h > now - DAY_MS && h <= now ? n + c : n), 0),
+})

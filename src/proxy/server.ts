@@ -236,9 +236,11 @@ export class ProxyServer {
       if (out.payment) {
         h['x-paygate-tx'] = out.payment.txHash
         h['x-paygate-amount'] = formatUnits(out.payment.amount)
+        h['x-paygate-protocol'] = out.payment.protocol
         paid = out.payment.amount
         this.counters.paid++
       }
+      if (out.session) h['x-paygate-session'] = 'reused'
       if (out.unpaid) h['x-paygate-error'] = errorCode = out.unpaid.code
       status = out.response.status
       res.writeHead(status, h)
@@ -271,10 +273,19 @@ export class ProxyServer {
   /** With X-Paygate-Idempotency-Key: the answer is kept (bounded) and replayed; never a second payment. */
   private async idempotent(agentId: string, key: string, p: Parameters<PaymentEngine['pay']>[0]): Promise<PayOutcome> {
     const digest = requestDigest({ url: p.url, method: p.method, headers: p.headers, body: p.body }) + (p.parentTxHash ?? '')
-    type Stored = { status: number; headers: Record<string, string | string[] | undefined>; body: string; payment: { txHash: string; amount: string } | null }
+    type Stored = {
+      status: number
+      headers: Record<string, string | string[] | undefined>
+      body: string
+      payment: { txHash: string; amount: string; protocol?: 'x402' | 'mpp'; rail?: string } | null
+      session?: boolean
+    }
     const toOutcome = (s: Stored): PayOutcome => ({
       response: { status: s.status, headers: s.headers, body: Readable.from([Buffer.from(s.body, 'base64')]) },
-      payment: s.payment ? { protocol: 'x402', amount: BigInt(s.payment.amount), txHash: s.payment.txHash, transactionId: '', settlement: null } : null,
+      payment: s.payment
+        ? { protocol: s.payment.protocol ?? 'x402', rail: s.payment.rail ?? 'stablecoin', amount: BigInt(s.payment.amount), txHash: s.payment.txHash, transactionId: '', settlement: null }
+        : null,
+      ...(s.session ? { session: { protocol: 'mpp' as const } } : {}),
     })
     const stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(
       agentId,
@@ -287,7 +298,8 @@ export class ProxyServer {
           status: out.response.status,
           headers: out.response.headers,
           body: body.toString('base64'),
-          payment: out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString() } : null,
+          payment: out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString(), protocol: out.payment.protocol, rail: out.payment.rail } : null,
+          ...(out.session ? { session: true } : {}),
           ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
         }
       },

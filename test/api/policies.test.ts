@@ -8,7 +8,7 @@ const agent = (await gw.api('POST', '/v1/agents', { body: { agentId: 'pol' } }))
 t.test('a new agent has the default policy', async (t) => {
   const r = await gw.api('GET', '/v1/policies/pol')
   t.equal(r.status, 200)
-  t.same(r.body, { agentId: 'pol', blockedDomains: [], protocolPreference: 'auto' })
+  t.same(r.body, { agentId: 'pol', blockedDomains: [], protocolPreference: 'auto', sessionCalls: { total: 0, last24h: 0 } })
 })
 
 t.test('PUT merges and answers the policy as read back', async (t) => {

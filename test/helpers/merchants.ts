@@ -161,8 +161,8 @@ export interface Merchant {
 // ---------------------------------------------------------------------------
 // chain plumbing
 
-const RECEIPT_TIMEOUT_MS = 30_000
-const POLL_MS = 25
+export const RECEIPT_TIMEOUT_MS = 30_000
+export const POLL_MS = 25
 const TOKEN_DOMAIN = { name: 'USD Coin', version: '2' } as const
 const INTERNAL_HEADER = 'x-merchant-internal'
 
@@ -175,7 +175,7 @@ function chainOf(c: LocalChain): Chain {
   })
 }
 
-function clientsFor(c: LocalChain, key: Hex) {
+export function clientsFor(c: LocalChain, key: Hex) {
   const chain = chainOf(c)
   const transport = viemHttp(c.rpcUrl, { batch: false, retryCount: 1, timeout: 20_000 })
   const account = privateKeyToAccount(key)
@@ -189,7 +189,7 @@ function clientsFor(c: LocalChain, key: Hex) {
  * several merchants may share one facilitator key, and automining chains reject nonce gaps.
  */
 const sendQueues = new Map<string, Promise<unknown>>()
-function serialSend<T>(rpcUrl: string, from: Address, work: () => Promise<T>): Promise<T> {
+export function serialSend<T>(rpcUrl: string, from: Address, work: () => Promise<T>): Promise<T> {
   const key = `${rpcUrl}|${from.toLowerCase()}`
   const prev = sendQueues.get(key) ?? Promise.resolve()
   const run = prev.then(work, work)
@@ -288,14 +288,14 @@ class FaultState {
   }
 }
 
-interface Listening {
+export interface Listening {
   url: string
   close(): Promise<void>
   /** Timers to clear on close (held responses). */
   timers: Set<NodeJS.Timeout>
 }
 
-async function listen(app: http.RequestListener, timers = new Set<NodeJS.Timeout>()): Promise<Listening> {
+export async function listen(app: http.RequestListener, timers = new Set<NodeJS.Timeout>()): Promise<Listening> {
   const server = http.createServer(app)
   const sockets = new Set<Socket>()
   server.on('connection', (s) => {
@@ -664,7 +664,7 @@ export async function startV1Merchant(opts: MerchantOptions): Promise<Merchant> 
 // the spec's shapes, our own merchant
 
 /** Written out here on purpose: the merchant verifies independently of Paygate's own x402 code. */
-const TRANSFER_TYPES = {
+export const TRANSFER_TYPES = {
   TransferWithAuthorization: [
     { name: 'from', type: 'address' },
     { name: 'to', type: 'address' },

@@ -93,12 +93,13 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
     return {
       status: 200,
       body: {
-        protocol: pay?.protocol ?? null,
+        protocol: pay?.protocol ?? out.session?.protocol ?? null,
         amountPaid: { usdc: pay ? toUsdcNumber(pay.amount) : 0 },
         txHash: pay?.txHash ?? null,
         status: out.response.status,
         data,
-        ...(pay ? { transactionId: pay.transactionId, settlement: pay.settlement ? { success: pay.settlement.success, transaction: pay.settlement.transaction, network: pay.settlement.network } : null } : {}),
+        ...(out.session ? { session: 'reused' } : {}),
+        ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: pay.settlement ? { success: pay.settlement.success, transaction: pay.settlement.transaction, network: pay.settlement.network } : null } : {}),
       },
     }
   }

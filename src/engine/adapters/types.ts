@@ -1,0 +1,77 @@
+import type { StoredAuthorization, TxRecord } from '../../ledger/transactions.js'
+import type { Address, Hex, HttpAnswer, PayableChain, ProtocolName, Settlement } from '../../protocols/types.js'
+import type { UpstreamResponse } from '../upstream.js'
+
+/** What the engine passes to an adapter about the request being paid for. */
+export interface PayRequest {
+  agentId: string
+  url: string
+  method: string
+  /** Lower-case names; hop-by-hop and Paygate's own headers already removed. */
+  headers: Record<string, string>
+  body: Buffer | null
+  parentTxHash?: string
+}
+
+/** The agent's wallet as an adapter may use it: its address and a digest signer. */
+export interface SigningWallet {
+  address: Address
+  signDigest(digest: Hex): Hex
+}
+
+export interface AuthorizeInput {
+  req: PayRequest
+  /** The transaction id: rails use it as their idempotency key. */
+  txId: string
+  wallet: SigningWallet
+  nowMs: number
+}
+
+/**
+ * One attempt at delivering a payment. `served`: the target took it and answered (the
+ * answer goes back to the agent); `refused`: the target said no (a 402, or a 4xx from a
+ * payment endpoint); `transient`: a timeout, reset or 5xx (the same authorization may be
+ * resent after the chain says it was not used).
+ */
+export type Delivery =
+  | { kind: 'served'; response: UpstreamResponse }
+  | { kind: 'refused'; response: UpstreamResponse | null; error: string }
+  | { kind: 'transient'; response: UpstreamResponse | null; error: string }
+
+/**
+ * One way to pay, chosen from a 402 by an adapter: plain data plus the three steps the
+ * engine drives. The engine owns policy, reservation, retries and records; a plan only
+ * signs, sends and reads the answer.
+ */
+export interface Plan {
+  protocol: ProtocolName
+  /** `stablecoin` for on-chain payments, else the MPP rail (`card`, ...). */
+  rail: string
+  /** MPP: the method identifier as offered. */
+  paymentMethod?: string
+  /** USDC base units: what policy, budget and the ledger see. */
+  amount: bigint
+  /** What the transaction record keeps about the offer. */
+  offer: NonNullable<TxRecord['offer']>
+  /** Paid from the agent's wallet, so the on-chain balance check applies. */
+  fromWallet: boolean
+  /** Signs locally and fast (under the agent's lock, stored with the reservation); else a remote rail is asked after reserving. */
+  signsLocally: boolean
+  /** MPP: the service can sell a session for later calls. */
+  session?: { ttlSeconds: number | null }
+  authorize(input: AuthorizeInput): Promise<StoredAuthorization>
+  deliver(req: PayRequest, auth: StoredAuthorization, txId: string): Promise<Delivery>
+  settlement(headers: UpstreamResponse['headers']): Settlement | null
+}
+
+/**
+ * What one protocol made of a 402: not present; present and payable (a plan); present
+ * but not payable here (`why`); or present and malformed (`malformed`: the body claims
+ * the protocol but does not parse, or names an unsupported currency).
+ */
+export type Detected = { present: false } | { present: true; plan: Plan } | { present: true; plan: null; why: string; malformed: boolean }
+
+export interface ProtocolAdapter {
+  readonly protocol: ProtocolName
+  detect(answer: HttpAnswer, req: PayRequest, chain: PayableChain): Detected
+}

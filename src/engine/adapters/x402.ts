@@ -1,0 +1,88 @@
+import { randomBytes } from 'node:crypto'
+import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
+import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../protocols/types.js'
+import { authorizationFor, choose, detectX402, paymentHeaders, readSettlement, typedData, typedDataDigest } from '../../protocols/x402.js'
+import type { Upstream } from '../upstream.js'
+import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
+
+/** The token's own EIP-712 domain, used when an offer names none. */
+export const TOKEN_DOMAIN = { name: 'USD Coin', version: '2' } as const
+
+export const newNonce = (): `0x${string}` => `0x${randomBytes(32).toString('hex')}`
+
+/** Rebuild the EIP-3009 message from its stored form. */
+export function eip3009Of(a: StoredAuthorization): Eip3009Authorization {
+  if (!isEip3009(a)) throw new Error('not an EIP-3009 authorization')
+  return {
+    from: a.from as `0x${string}`,
+    to: a.to as `0x${string}`,
+    value: BigInt(a.value),
+    validAfter: BigInt(a.validAfter),
+    validBefore: BigInt(a.validBefore),
+    nonce: a.nonce as `0x${string}`,
+  }
+}
+
+export function storedEip3009(auth: Eip3009Authorization, signature: `0x${string}`): StoredAuthorization {
+  return {
+    from: auth.from,
+    to: auth.to,
+    value: auth.value.toString(),
+    validAfter: auth.validAfter.toString(),
+    validBefore: auth.validBefore.toString(),
+    nonce: auth.nonce,
+    signature,
+  }
+}
+
+/** x402 (v1, v2 and the spec's shapes): pay by retrying the request with the payment headers. */
+export class X402Adapter implements ProtocolAdapter {
+  readonly protocol = 'x402' as const
+
+  constructor(private readonly upstream: Upstream) {}
+
+  detect(answer: HttpAnswer, req: PayRequest, chain: PayableChain): Detected {
+    const detection = detectX402(answer)
+    if (!detection.recognized) return { present: false }
+    const offer = choose(detection.offers, chain, req.url)
+    if (!offer) {
+      const why =
+        detection.offers.length === 0
+          ? `no readable x402 offer (${detection.problems.map((p) => p.message).join('; ')})`
+          : 'no x402 offer on this chain and token for this origin'
+      return { present: true, plan: null, why, malformed: false }
+    }
+    return { present: true, plan: this.plan(offer, chain) }
+  }
+
+  private plan(offer: Offer, chain: PayableChain): Plan {
+    const upstream = this.upstream
+    return {
+      protocol: 'x402',
+      rail: 'stablecoin',
+      amount: offer.amount,
+      offer: { shape: offer.shape, scheme: offer.scheme, network: offer.network, asset: offer.asset, payTo: offer.payTo, resource: offer.resource },
+      fromWallet: true,
+      signsLocally: true,
+      async authorize({ wallet, nowMs }: AuthorizeInput): Promise<StoredAuthorization> {
+        const auth = authorizationFor(offer, { from: wallet.address, nonce: newNonce(), nowSeconds: nowMs / 1000 })
+        const signature = wallet.signDigest(typedDataDigest(typedData(offer, auth, chain.chainId, TOKEN_DOMAIN)))
+        return storedEip3009(auth, signature)
+      },
+      async deliver(req: PayRequest, stored: StoredAuthorization): Promise<Delivery> {
+        if (!isEip3009(stored)) throw new Error('x402 pays with EIP-3009 only')
+        const headers = paymentHeaders(offer, eip3009Of(stored), stored.signature as `0x${string}`)
+        let res
+        try {
+          res = await upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...headers }, body: req.body })
+        } catch (e) {
+          return { kind: 'transient', response: null, error: (e as Error).message }
+        }
+        if (res.status === 402) return { kind: 'refused', response: res, error: 'target answered 402' }
+        if (res.status >= 500) return { kind: 'transient', response: res, error: `target answered ${res.status}` }
+        return { kind: 'served', response: res }
+      },
+      settlement: readSettlement,
+    }
+  }
+}

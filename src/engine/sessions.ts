@@ -1,0 +1,67 @@
+import type { Registry } from '../agents/registry.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+
+/** An MPP session bought from one service (origin) by one agent. */
+export interface MppSession {
+  token: string
+  /** Unix ms. */
+  expiresAt: number
+  createdAt: number
+  /** The transaction that paid for it. */
+  transactionId: string
+}
+
+const keyOf = (agentId: string, origin: string): string => `${agentId}\x00${origin}`
+
+/**
+ * MPP sessions per agent and service origin, in LevelDB (they survive restarts) with a
+ * read cache. Expired sessions are never returned; they are replaced by the next
+ * negotiation and swept with the agent.
+ */
+export class MppSessions {
+  private readonly coll: Collection<MppSession>
+  private readonly cache = new Map<string, MppSession | null>()
+
+  constructor(
+    store: Store,
+    registry: Registry,
+    private readonly clock: Clock,
+  ) {
+    this.coll = store.collection('mppSessions')
+    registry.onAgentDelete(async (agentId): Promise<BatchOp[]> => {
+      const ops: BatchOp[] = []
+      for await (const k of this.coll.keys({ gte: `${agentId}\x00`, lt: `${agentId}\x01` })) {
+        this.cache.delete(k)
+        ops.push({ type: 'del', coll: this.coll, key: k })
+      }
+      return ops
+    })
+  }
+
+  /** The agent's unexpired session with `origin`, if any. */
+  async valid(agentId: string, origin: string): Promise<MppSession | null> {
+    const k = keyOf(agentId, origin)
+    let s = this.cache.get(k)
+    if (s === undefined) {
+      s = (await this.coll.get(k)) ?? null
+      if (this.cache.size > 10_000) this.cache.clear()
+      this.cache.set(k, s)
+    }
+    return s && s.expiresAt > this.clock.now() ? s : null
+  }
+
+  async save(agentId: string, origin: string, s: MppSession): Promise<void> {
+    const k = keyOf(agentId, origin)
+    await this.coll.put(k, s)
+    this.cache.set(k, s)
+  }
+
+  /** Forget a session the service refused (only if it is still the one stored). */
+  async drop(agentId: string, origin: string, token: string): Promise<void> {
+    const k = keyOf(agentId, origin)
+    const cur = (await this.coll.get(k)) ?? null
+    if (cur && cur.token === token) await this.coll.del(k)
+    this.cache.set(k, cur && cur.token !== token ? cur : null)
+  }
+}
