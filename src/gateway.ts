@@ -15,6 +15,7 @@ import { transactionRoutes } from './api/routes/transactions.js'
 import { LedgerWriter } from './chain/ledger-tx.js'
 import { PaymentEngine } from './engine/engine.js'
 import { MppAdapter, type MppSettings } from './engine/adapters/mpp.js'
+import { PaymentAuthAdapter } from './engine/adapters/payment-auth.js'
 import { X402Adapter } from './engine/adapters/x402.js'
 import { Idempotency } from './engine/idempotency.js'
 import { CardRail, HttpCardProvider, type CardProvider, type Rail } from './engine/rails.js'
@@ -142,9 +143,15 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     await outbox.start()
     upstream = new Upstream(config.upstream.caFile, config.pay.timeoutMs)
     const events = new EventBus()
-    const mpp = new MppAdapter(upstream, new MppSessions(store, registry, clock), railsOf(config, opts), mppSettings(config), clock)
-    const adapters = [new X402Adapter(upstream), mpp]
-    const engine = new PaymentEngine({ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log, adapters, mpp })
+    const rails = railsOf(config, opts)
+    const settings = mppSettings(config)
+    const mpp = new MppAdapter(upstream, new MppSessions(store, registry, clock), rails, settings, clock)
+    const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock)
+    const adapters = [new X402Adapter(upstream), mpp, paymentAuth]
+    const engine = new PaymentEngine({
+      ...{ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log },
+      ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment },
+    })
     reconciler = new Reconciler(engine, transactions, clock, log)
     reconciler.start()
     const idempotency = new Idempotency(store, clock, config.pay.idempotencyTtlHours * 3_600_000)

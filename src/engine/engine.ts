@@ -3,7 +3,7 @@ import type { Registry } from '../agents/registry.js'
 import type { Chain } from '../chain/chain.js'
 import { paygateUsdcAbi } from '../chain/contracts/abis.js'
 import { ledgerLocation, recordIdOf, ZERO32 } from '../chain/ledger-tx.js'
-import { PaygateError } from '../errors/index.js'
+import { PaygateError, type ErrorCode } from '../errors/index.js'
 import type { EventBus } from '../events/bus.js'
 import { endpointOf, isEip3009, newTxId, type StoredAuthorization, type Transactions, type TxRecord } from '../ledger/transactions.js'
 import type { Outbox } from '../ledger/outbox.js'
@@ -64,6 +64,8 @@ export interface EngineDeps {
   /** Protocol adapters, x402 first; `mpp` is also the owner of MPP sessions. */
   adapters: readonly ProtocolAdapter[]
   mpp: MppAdapter
+  /** `Accept-Payment` sent with each request that does not carry one (what Paygate can pay). */
+  acceptPayment?: string
 }
 
 const MAX_402_BODY = 256 * 1024
@@ -109,7 +111,8 @@ export class PaymentEngine {
     return { chainId, networkName: network, token }
   }
 
-  async pay(req: PayRequest): Promise<PayOutcome> {
+  async pay(request: PayRequest): Promise<PayOutcome> {
+    let req = request
     const { agentId } = req
     await this.d.registry.requireAgent(agentId)
     const parent = req.parentTxHash ? await this.parentOf(req.parentTxHash) : null
@@ -118,6 +121,7 @@ export class PaymentEngine {
     // A valid MPP session with this service is sent along: no payment if the target takes it.
     let session = await this.d.mpp.session(agentId, req.url)
     if (session && !domainPermitted(policy, domainOf(req.url))) session = null
+    if (this.d.acceptPayment && req.headers['accept-payment'] === undefined) req = { ...req, headers: { ...req.headers, 'accept-payment': this.d.acceptPayment } }
     let first = await this.sendOrUnreachable(req, session ? { [SESSION_HEADER]: session.token } : {})
     if (session) {
       if (!sessionRefused(first.status)) return this.sessionCall(agentId, first)
@@ -129,8 +133,15 @@ export class PaymentEngine {
     }
     if (first.status !== 402) return { response: first, payment: null }
 
-    const answer: HttpAnswer = { status: 402, headers: first.headers, body: await readBody(first.body, MAX_402_BODY) }
-    const picked = this.pick(answer, req, policy.protocolPreference)
+    let answer: HttpAnswer = { status: 402, headers: first.headers, body: await readBody(first.body, MAX_402_BODY) }
+    let picked = this.pick(answer, req, policy.protocolPreference, true)
+    if ('unpaid' in picked && picked.refetch) {
+      // Only expired challenges: fetch the 402 again (once) rather than pay a stale one.
+      const again = await this.sendOrUnreachable(req, {})
+      if (again.status !== 402) return { response: again, payment: null }
+      answer = { status: 402, headers: again.headers, body: await readBody(again.body, MAX_402_BODY) }
+      picked = this.pick(answer, req, policy.protocolPreference, false)
+    }
     if ('unpaid' in picked) return { response: answerStream(answer), payment: null, unpaid: picked.unpaid }
     const { plan } = picked
     if (!plan.session || session) return this.payPlan(req, plan, parent)
@@ -150,12 +161,13 @@ export class PaymentEngine {
   }
 
   /** Every adapter reads the 402 (one failing never hides another); the policy's preference picks among the payable. */
-  private pick(answer: HttpAnswer, req: PayRequest, pref: ProtocolPreference): { plan: Plan } | { unpaid: PaygateError } {
+  private pick(answer: HttpAnswer, req: PayRequest, pref: ProtocolPreference, mayRefetch: boolean): { plan: Plan } | { unpaid: PaygateError; refetch?: boolean } {
     const chain = this.payable
     const plans = new Map<ProtocolName, Plan>()
     const problems: string[] = []
     let present = 0
     let malformed = 0
+    const expired = new Set<ProtocolName>()
     for (const adapter of this.d.adapters) {
       let d
       try {
@@ -166,17 +178,23 @@ export class PaymentEngine {
       }
       if (!d.present) continue
       present++
-      if (d.plan) plans.set(adapter.protocol, d.plan)
-      else {
+      // Adapters of one protocol (MPP's two shapes) are asked in order; the first payable one wins.
+      if (d.plan) {
+        if (!plans.has(adapter.protocol)) plans.set(adapter.protocol, d.plan)
+      } else {
         problems.push(d.why)
         if (d.malformed) malformed++
+        if (d.expired) expired.add(adapter.protocol)
       }
     }
+    // The preferred protocol offered only expired challenges: fetch fresh ones rather than fall back.
+    const preferred: ProtocolName = pref === 'mpp' ? 'mpp' : 'x402'
+    if (mayRefetch && expired.has(preferred) && !plans.has(preferred)) return { unpaid: new PaygateError('no_payable_offer', 'expired challenges'), refetch: true }
     const chosen = pickProtocol(pref, [...plans.keys()])
     if (chosen) return { plan: plans.get(chosen)! }
     if (present === 0) return { unpaid: new PaygateError('payment_protocol_error', 'the target answered 402 without a payment requirement in any known shape') }
     if (malformed === present) return { unpaid: new PaygateError('payment_protocol_error', `the target's 402 cannot be read: ${problems.join('; ')}`) }
-    return { unpaid: new PaygateError('no_payable_offer', `the target's 402 has ${problems.join('; ')}`) }
+    return { unpaid: new PaygateError('no_payable_offer', `the target's 402 has ${problems.join('; ')}`), ...(mayRefetch && expired.size > 0 ? { refetch: true } : {}) }
   }
 
   /** A call the target served under an MPP session: no payment, counted in the agent's usage. */
@@ -293,6 +311,7 @@ export class PaymentEngine {
     let rec = signed
     let last: { response: UpstreamResponse | null; error: string } = { response: null, error: '' }
     let used: boolean | null = null
+    let code: ErrorCode = 'payment_failed'
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
       rec = { ...rec, attempts: attempt }
       let d: Delivery
@@ -306,6 +325,7 @@ export class PaymentEngine {
       used = onChain ? await this.used(auth).catch(() => null) : null
       if (used === true) return this.paid(rec, d.response ?? lostAnswer(), plan)
       last = { response: null, error: d.error }
+      if (d.kind === 'refused' && d.code) code = d.code
       if (d.response) {
         const body = await readBody(d.response.body, MAX_402_BODY).catch(() => Buffer.alloc(0))
         last = { response: { status: d.response.status, headers: d.response.headers, body: Readable.from([body]) }, error: `${d.error}: ${body.toString('utf8', 0, 200)}` }
@@ -322,7 +342,7 @@ export class PaymentEngine {
     if (unknown) await this.finish(rec, { status: 'unknown', error: last.error }, 'keep')
     else await this.finish(rec, { status: 'failed', error: last.error, ...(last.response ? { upstreamStatus: last.response.status } : {}) }, 'release')
     this.d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })
-    throw new PaygateError('payment_failed', `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
+    throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
   }
 
   private used(a: StoredAuthorization): Promise<boolean> {

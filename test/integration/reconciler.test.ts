@@ -91,3 +91,21 @@ t.test('never signed (crash before signing): failed and released', async (t) => 
   t.equal((await gw.gw.transactions.get(rec.id))!.status, 'failed')
   t.notOk((await gw.gw.policies.usageOf('r')).holds?.some((h) => h.id === rec.id))
 })
+
+t.test('an off-chain proof (MPP intent or card token) with its outcome unknown: held until it expires, then released', async (t) => {
+  const now = Date.now()
+  const mk = async (expiresAt: number) => {
+    const { rec } = await leftInFlight(200_000n, { signed: false, validBefore: 0n, status: 'unknown' })
+    const next: TxRecord = { ...rec, protocol: 'mpp', rail: 'card', authorization: { kind: 'card', expiresAt, wire: { type: 'card', provider: 'p', token: 'tok' } } }
+    await gw.gw.store.batch(gw.gw.transactions.ops(next, rec))
+    return next
+  }
+  const live = await mk(now + 600_000)
+  const gone = await mk(now - 1)
+  await gw.gw.reconciler.runOnce()
+  t.equal((await gw.gw.transactions.get(live.id))!.status, 'unknown', 'no chain to ask: kept held while redeemable')
+  t.equal((await gw.gw.transactions.get(gone.id))!.status, 'failed')
+  const holds = (await gw.gw.policies.usageOf('r')).holds?.map((h) => h.id) ?? []
+  t.ok(holds.includes(live.id))
+  t.notOk(holds.includes(gone.id))
+})

@@ -1,3 +1,4 @@
+import type { ErrorCode } from '../../errors/index.js'
 import type { StoredAuthorization, TxRecord } from '../../ledger/transactions.js'
 import type { Address, Hex, HttpAnswer, PayableChain, ProtocolName, Settlement } from '../../protocols/types.js'
 import type { UpstreamResponse } from '../upstream.js'
@@ -35,7 +36,7 @@ export interface AuthorizeInput {
  */
 export type Delivery =
   | { kind: 'served'; response: UpstreamResponse }
-  | { kind: 'refused'; response: UpstreamResponse | null; error: string }
+  | { kind: 'refused'; response: UpstreamResponse | null; error: string; code?: ErrorCode }
   | { kind: 'transient'; response: UpstreamResponse | null; error: string }
 
 /**
@@ -69,7 +70,10 @@ export interface Plan {
  * but not payable here (`why`); or present and malformed (`malformed`: the body claims
  * the protocol but does not parse, or names an unsupported currency).
  */
-export type Detected = { present: false } | { present: true; plan: Plan } | { present: true; plan: null; why: string; malformed: boolean }
+export type Detected =
+  | { present: false }
+  | { present: true; plan: Plan }
+  | { present: true; plan: null; why: string; malformed: boolean; expired?: boolean }
 
 export interface ProtocolAdapter {
   readonly protocol: ProtocolName
