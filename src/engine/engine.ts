@@ -21,6 +21,7 @@ import { formatUnits, toUsdcNumber } from '../util/money.js'
 import { KeyedMutex } from '../util/mutex.js'
 import type { Wallets } from '../wallet/wallets.js'
 import type { MppAdapter } from './adapters/mpp.js'
+import { Balances } from './balances.js'
 import type { Delivery, PayRequest, Plan, ProtocolAdapter } from './adapters/types.js'
 import { readBody, UpstreamError, type Upstream, type UpstreamResponse } from './upstream.js'
 
@@ -87,12 +88,15 @@ const expiryMs = (a: StoredAuthorization): number => (isEip3009(a) ? Number(a.va
  */
 export class PaymentEngine {
   private readonly usageLock = new KeyedMutex()
+  private readonly balances: Balances
   /** Per agent and service origin: one MPP session negotiation at a time. */
   private readonly negotiations = new KeyedMutex()
   /** Transactions whose outcome this process is still working on (the reconciler skips them). */
   readonly inFlight = new Set<string>()
 
-  constructor(private readonly d: EngineDeps) {}
+  constructor(private readonly d: EngineDeps) {
+    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock)
+  }
 
   /** Run under the agent's usage lock; a failed write drops the cached usage so it is re-read. */
   private withUsage<T>(agentId: string, fn: () => Promise<T>): Promise<T> {
@@ -254,8 +258,9 @@ export class PaymentEngine {
       }
       if (plan.fromWallet) {
         // Funds: the on-chain balance less what other in-flight payments have reserved.
-        const balance = await this.d.chain.balanceOf(wallet.address)
-        const available = balance - heldAmount(usage)
+        const held = heldAmount(usage)
+        const balance = await this.balances.balance(wallet.address as `0x${string}`, plan.amount, held)
+        const available = balance - held
         if (available < plan.amount) {
           await this.d.transactions.put({ ...base, status: 'failed', error: 'insufficient_funds' })
           return { kind: 'funds' as const, balance, available }
@@ -410,6 +415,7 @@ export class PaymentEngine {
         },
       )
     })
+    if (rec.authorization && isEip3009(rec.authorization)) this.balances.spend(rec.authorization.from, BigInt(rec.amount))
     const ts = new Date(now).toISOString()
     this.d.events.emit('payment.completed', { agentId: rec.agentId, timestamp: ts, transactionId: rec.id, protocol: plan.protocol, rail: plan.rail, amountUsdc: toUsdcNumber(BigInt(rec.amount)), endpoint: rec.endpoint, txHash })
     if (policy.dailyBudget !== undefined) {

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Writable } from 'node:stream'
 import { loadConfig, type Config } from '../../src/config/load.js'
-import { startGateway, type Gateway } from '../../src/gateway.js'
+import { startGateway, type Gateway, type GatewayOptions } from '../../src/gateway.js'
 import { createLogger } from '../../src/log/index.js'
 import type { Clock } from '../../src/util/clock.js'
 
@@ -29,7 +29,7 @@ export const tempDir = (prefix = 'paygate-test-'): string => mkdtempSync(join(tm
 
 /** Start a real gateway in this process on port 0 with a fresh LevelDB in a temp dir. */
 export async function startTestGateway(
-  opts: { dataDir?: string; env?: Record<string, string>; clock?: Clock; overrides?: (c: Config) => void } = {},
+  opts: { dataDir?: string; env?: Record<string, string>; clock?: Clock; overrides?: (c: Config) => void; options?: Omit<GatewayOptions, 'log' | 'clock'> } = {},
 ): Promise<TestGateway> {
   const dataDir = opts.dataDir ?? tempDir()
   const { config } = loadConfig({
@@ -43,7 +43,7 @@ export async function startTestGateway(
       cb()
     },
   })
-  const gw = await startGateway(config, { log: createLogger('info', sink), ...(opts.clock ? { clock: opts.clock } : {}) })
+  const gw = await startGateway(config, { log: createLogger('info', sink), ...(opts.clock ? { clock: opts.clock } : {}), ...opts.options })
   const accountKey = readFileSync(gw.accountKey.file, 'utf8').trim()
   const url = gw.apiUrl
   return {

@@ -55,6 +55,8 @@ export interface MppMerchantOptions {
   /** Answer the first N payment POSTs 503 before verifying anything. */
   failPaymentsFirst?: number
   card?: FakeCardProvider
+  /** Accept `{type: "lightning", preimage}` proofs whose preimage this returns true for. */
+  lightning?: (preimage: string) => boolean
 }
 
 export interface MppMerchantStats {
@@ -281,6 +283,9 @@ export async function startMppMerchant(opts: MppMerchantOptions): Promise<MppMer
         if (!opts.card?.redeem(a.token)) refuse('card_token_invalid')
         stats.cardCharges++
       }
+    } else if (a.type === 'lightning' && opts.lightning) {
+      proofKey = `ln:${a.preimage}`
+      if (!accepted.has(proofKey) && !opts.lightning(String(a.preimage))) refuse('lightning_preimage_invalid')
     } else {
       return refuse(`unsupported_authorization: ${a.type}`)
     }

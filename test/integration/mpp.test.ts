@@ -4,6 +4,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { ProxyAgent, request } from 'undici'
 import { paygateUsdcAbi, paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { viemChain } from '../../src/chain/chain.js'
+import type { Rail, RailCharge } from '../../src/engine/rails.js'
 import type { Clock } from '../../src/util/clock.js'
 import { startTestGateway } from '../helpers/gateway.js'
 import { startFakeCardProvider, startMppMerchant, type MppMerchant, type MppMerchantOptions } from '../helpers/mpp-merchant.js'
@@ -274,6 +275,39 @@ t.test('the proxy path: an unmodified client pays over MPP, then rides the sessi
   t.equal(r2.headers['x-paygate-tx'], undefined, 'no payment')
   const r3 = await request(`${m.url}/paid`, { dispatcher: proxy, method: 'POST', body: 'raw bytes \u00e9', headers: { 'content-type': 'text/plain' } })
   t.equal(await r3.body.text(), 'raw bytes \u00e9')
+  t.equal(m.stats.payments, 1)
+})
+
+t.test('a custom rail (here Lightning) plugs in through the Rail interface', async (t) => {
+  const preimages = new Set<string>()
+  const charges: RailCharge[] = []
+  const lightning: Rail = {
+    name: 'lightning',
+    async authorize(charge) {
+      charges.push(charge)
+      const preimage = `pre_${charge.txId}`
+      preimages.add(preimage)
+      return { authorization: { type: 'lightning', preimage } }
+    },
+  }
+  const gw2 = await startTestGateway({ options: { rails: [lightning] } })
+  t.teardown(() => gw2.close())
+  const info2 = (await gw2.api('GET', '/v1/chain')).body
+  await gw2.api('POST', '/v1/agents', { body: { agentId: 'ln' } })
+  await gw2.api('POST', '/v1/wallets', { body: { agentId: 'ln' } })
+  const m = await startMppMerchant({
+    chain: { rpcUrl: info2.rpcUrl, chainId: info2.chainId, token: info2.token },
+    facilitatorKey: generatePrivateKey(),
+    payTo: null,
+    price: '0.02',
+    methods: ['lightning'],
+    lightning: (p) => preimages.has(p),
+  })
+  merchants.push(m)
+  const r = await gw2.api('POST', '/v1/pay', { body: { agentId: 'ln', endpoint: `${m.url}/paid` } })
+  t.equal(r.status, 200, r.text)
+  t.match(r.body, { protocol: 'mpp', rail: 'lightning', amountPaid: { usdc: 0.02 } })
+  t.match(charges, [{ agentId: 'ln', method: 'lightning', value: '0.02', currency: 'USD', amount: 20_000n, merchant: m.url }])
   t.equal(m.stats.payments, 1)
 })
 
