@@ -1,4 +1,4 @@
-import { encodeFunctionData, keccak256, toHex, type Hex } from 'viem'
+import { encodeFunctionData, keccak256, prepareEncodeFunctionData, toHex, type Hex } from 'viem'
 import type { Chain } from './chain.js'
 import { paymentLedgerAbi } from './contracts/abis.js'
 
@@ -18,6 +18,8 @@ export interface LedgerEntry {
 
 export const ZERO32: Hex = `0x${'0'.repeat(64)}`
 const GAS_LIMIT = 300_000n
+/** record()'s ABI item and selector, resolved once (viem would hash the signature on every call). */
+const RECORD = prepareEncodeFunctionData({ abi: paymentLedgerAbi, functionName: 'record' })
 
 /** Split a URL into what the ledger may hold: the bare origin and the keccak of the path. */
 export function ledgerLocation(url: string): { origin: string; pathHash: Hex } {
@@ -53,8 +55,7 @@ export class LedgerWriter {
 
   async sign(e: LedgerEntry, nonce: bigint): Promise<{ raw: Hex; hash: Hex }> {
     const data = encodeFunctionData({
-      abi: paymentLedgerAbi,
-      functionName: 'record',
+      ...RECORD,
       args: [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth],
     })
     const raw = this.chain.fastSigner.signTransaction({

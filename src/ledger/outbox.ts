@@ -28,6 +28,7 @@ export class Outbox {
   private readonly lock = new KeyedMutex()
   private nextNonce = 0n
   private sentUpTo = -1n
+  private rerun = false
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
   private closed = false
@@ -102,10 +103,22 @@ export class Outbox {
     if (this.closed || this.timer) return
     this.timer = setTimeout(() => {
       this.timer = null
-      this.pumping ??= this.pump()
-        .catch((e: unknown) => this.log.warn({ err: e }, 'ledger outbox pump failed; retrying'))
+      if (this.pumping) {
+        // Records may have arrived after the running pass read its range: run again after it.
+        this.rerun = true
+        return
+      }
+      this.pumping = this.pump()
+        .catch((e: unknown) => {
+          this.log.warn({ err: e }, 'ledger outbox pump failed; retrying')
+          this.rerun = true
+        })
         .finally(() => {
           this.pumping = null
+          if (this.rerun) {
+            this.rerun = false
+            this.schedule(this.pollMs)
+          }
         })
     }, ms)
     this.timer.unref()
@@ -113,16 +126,20 @@ export class Outbox {
 
   /** Send what is unsent (in nonce order), then confirm what has receipts. */
   private async pump(): Promise<void> {
-    const open: OutboxEntry[] = []
-    for await (const [, e] of this.entries.entries()) open.push(e)
-    for (const e of open) {
-      if (BigInt(e.nonce) <= this.sentUpTo) continue
+    // Only what is new is read for sending, and confirming stops at the first record
+    // without a receipt: a pass costs what changed, not the whole backlog.
+    const unsent = this.sentUpTo >= 0n ? { gt: nonceKey(this.sentUpTo) } : {}
+    for await (const [, e] of this.entries.entries(unsent)) {
       await this.writer.broadcast(e.raw)
       this.sentUpTo = BigInt(e.nonce)
     }
-    for (const e of open) {
+    let left = false
+    for await (const [, e] of this.entries.entries()) {
       const r = await this.writer.receipt(e.hash)
-      if (!r) break
+      if (!r) {
+        left = true
+        break
+      }
       const prev = await this.transactions.get(e.txId)
       const ops: BatchOp[] = [{ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) }]
       if (prev) {
@@ -132,7 +149,6 @@ export class Outbox {
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
       await this.store.batch(ops)
     }
-    const left = open.length > 0
     if (left) this.schedule(this.pollMs)
   }
 
