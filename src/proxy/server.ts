@@ -12,7 +12,7 @@ import { unredacted, type Logger } from '../log/index.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { forwardRequestHeaders, forwardResponseHeaders, headerValue } from './headers.js'
-import { proxyIdentity } from './identity.js'
+import { ProxyIdentity } from './identity.js'
 
 export interface ProxyDeps {
   engine: PaymentEngine
@@ -124,10 +124,12 @@ export class ProxyServer {
   private readonly ws = httpProxy.createProxyServer({ ws: true, xfwd: false })
   /** The line per request: its fields are fixed and secret-free, so it skips redaction. */
   private readonly access: Logger
+  private readonly identity: ProxyIdentity
   readonly counters = { requests: 0, paid: 0, rejected: 0, errors: 0, connects: 0, authFailures: 0 }
 
   constructor(private readonly d: ProxyDeps) {
     this.access = unredacted(d.log)
+    this.identity = new ProxyIdentity(d.registry, d.defaultAgent)
     this.server = createServer({ keepAliveTimeout: 65_000 })
     this.inner = createServer({ keepAliveTimeout: 65_000 })
     this.server.on('request', (req, res) => void this.onRequest(req, res))
@@ -152,7 +154,7 @@ export class ProxyServer {
       this.fail(res, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
       return
     }
-    const agentId = await proxyIdentity(this.d.registry, req.headers, this.d.defaultAgent)
+    const agentId = await this.identity.of(req.headers)
     if (!agentId) return this.deny(res)
     await this.handle(req, res, agentId, url.href, url.host)
   }
@@ -315,7 +317,7 @@ export class ProxyServer {
       socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
       return
     }
-    const agentId = await proxyIdentity(this.d.registry, req.headers, this.d.defaultAgent)
+    const agentId = await this.identity.of(req.headers)
     if (!agentId) {
       this.counters.authFailures++
       socket.end(RAW_407)
@@ -364,7 +366,7 @@ export class ProxyServer {
     let origin: string
     if (tunnel) origin = originOf(tunnel)
     else {
-      const agentId = await proxyIdentity(this.d.registry, req.headers, this.d.defaultAgent)
+      const agentId = await this.identity.of(req.headers)
       if (!agentId) {
         socket.end(RAW_407)
         return
