@@ -25,9 +25,21 @@ const REDACT = [
   '*.headers["proxy-authorization"]',
 ]
 
+let lastMs = 0
+let lastTime = ''
+/** pino's isoTime, formatted once per millisecond: under load many lines share one. */
+function isoTime(): string {
+  const now = Date.now()
+  if (now !== lastMs) {
+    lastMs = now
+    lastTime = `,"time":"${new Date(now).toISOString()}"`
+  }
+  return lastTime
+}
+
 const OPTIONS: LoggerOptions = {
   base: { service: 'paygate' },
-  timestamp: pino.stdTimeFunctions.isoTime,
+  timestamp: isoTime,
   formatters: { level: (label) => ({ level: label }) },
 }
 
