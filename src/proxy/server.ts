@@ -28,11 +28,11 @@ export interface ProxyDeps {
   upstreamCa?: string[]
 }
 
+/** A CONNECT tunnel's agent and target, as `scheme://host[:port]` and `host[:port]` (computed once, used per request). */
 interface Tunnel {
   agentId: string
-  host: string
-  port: number
-  scheme: 'http' | 'https'
+  origin: string
+  authority: string
 }
 
 const AUTH_REALM = 'Basic realm="paygate"'
@@ -120,9 +120,9 @@ function splitAuthority(authority: string): { host: string; port: number } | nul
 
 const urlHost = (host: string): string => (isIP(host) === 6 ? `[${host}]` : host)
 
-function originOf(t: Tunnel): string {
-  const dflt = t.scheme === 'https' ? 443 : 80
-  return `${t.scheme}://${urlHost(t.host)}${t.port === dflt ? '' : `:${t.port}`}`
+function tunnelTo(agentId: string, scheme: 'http' | 'https', host: string, port: number): Tunnel {
+  const authority = `${urlHost(host)}${port === (scheme === 'https' ? 443 : 80) ? '' : `:${port}`}`
+  return { agentId, origin: `${scheme}://${authority}`, authority }
 }
 
 function hostMatches(list: readonly string[], host: string): boolean {
@@ -182,8 +182,7 @@ export class ProxyServer {
       res.writeHead(500).end()
       return
     }
-    const origin = originOf(t)
-    await this.handle(req, res, t.agentId, origin + (req.url ?? '/'), origin.slice(origin.indexOf('//') + 2))
+    await this.handle(req, res, t.agentId, t.origin + (req.url ?? '/'), t.authority)
   }
 
   private deny(res: ServerResponse): void {
@@ -352,7 +351,6 @@ export class ProxyServer {
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
     const first = head.length ? head : await firstChunk(socket)
     if (!first) return
-    const tunnel: Omit<Tunnel, 'scheme'> = { agentId, host: target.host, port: target.port }
     if (first[0] === 0x16) {
       // A TLS ClientHello: intercept with a leaf for the SNI name (or the CONNECT host, for IPs).
       let secureContext
@@ -367,11 +365,11 @@ export class ProxyServer {
       socket.unshift(first)
       const tls = new TLSSocket(socket, { isServer: true, secureContext, SNICallback: this.d.ca.sniCallback, ALPNProtocols: ['http/1.1'] })
       tls.on('error', () => tls.destroy())
-      this.tunnels.set(tls, { ...tunnel, scheme: 'https' })
+      this.tunnels.set(tls, tunnelTo(agentId, 'https', target.host, target.port))
       this.inner.emit('connection', tls)
     } else {
       const stream = replayable(socket, first)
-      this.tunnels.set(stream, { ...tunnel, scheme: 'http' })
+      this.tunnels.set(stream, tunnelTo(agentId, 'http', target.host, target.port))
       this.inner.emit('connection', stream)
     }
   }
@@ -381,7 +379,7 @@ export class ProxyServer {
   private async onUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, tunnel: Tunnel | null): Promise<void> {
     socket.on('error', () => socket.destroy())
     let origin: string
-    if (tunnel) origin = originOf(tunnel)
+    if (tunnel) origin = tunnel.origin
     else {
       const agentId = await this.identity.of(req.headers)
       if (!agentId) {
