@@ -1,8 +1,8 @@
 /**
  * wrk (a separate load generator) against a trivial loopback target: direct, through
  * Paygate (absolute-form, identity checked on every request), and through the peer proxies
- * whose Debian packages are installed (tinyproxy, squid). Every line comes from the same run.
- * Missing tools are reported and skipped (apt-get install wrk tinyproxy squid).
+ * whose Debian packages are installed (tinyproxy, squid, mitmproxy). Every line comes from
+ * the same run. Missing tools are reported and skipped (apt-get install wrk tinyproxy squid mitmproxy).
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
@@ -48,6 +48,37 @@ const freePort = async (): Promise<number> => {
   const p = (s.address() as AddressInfo).port
   await new Promise<void>((r) => s.close(() => r()))
   return p
+}
+
+export interface PeerProxy {
+  url: string
+  /** The CA a client must trust for intercepted HTTPS. */
+  ca: string
+  stop(): Promise<void>
+}
+
+/**
+ * mitmdump, the reference for TLS interception, verifying upstream TLS against `upstreamCa`
+ * as Paygate does; null (and a line saying why) when it is not installed or does not start.
+ */
+export async function startMitmproxy(dir: string, upstreamCa: string | null): Promise<PeerProxy | null> {
+  if (!(await has('mitmdump'))) {
+    console.log('mitmproxy not installed (apt-get install mitmproxy): skipped')
+    return null
+  }
+  const port = await freePort()
+  const confdir = join(dir, 'mitmproxy')
+  mkdirSync(confdir, { recursive: true })
+  const args = ['-q', '--listen-host', '127.0.0.1', '-p', String(port), '--set', `confdir=${confdir}`, ...(upstreamCa ? ['--set', `ssl_verify_upstream_trusted_ca=${upstreamCa}`] : [])]
+  const c = spawn('mitmdump', args, { stdio: 'ignore' })
+  try {
+    await waitPort(port, 20_000)
+  } catch (e) {
+    await stopChild(c)
+    console.log(`mitmproxy did not start here: ${(e as Error).message}`)
+    return null
+  }
+  return { url: `http://127.0.0.1:${port}`, ca: readFileSync(join(confdir, 'mitmproxy-ca-cert.pem'), 'utf8'), stop: () => stopChild(c) }
 }
 
 async function stopChild(c: ChildProcess): Promise<void> {
@@ -133,6 +164,16 @@ export async function benchPeers(seconds = 5): Promise<void> {
       }
       await stopChild(c)
     } else console.log('squid not installed (apt-get install squid): skipped')
+    const mitm = await startMitmproxy(dir, null)
+    if (mitm) {
+      try {
+        const r = await wrk(mitm.url, proxyScript(null), seconds)
+        line('mitmproxy', r)
+        peers.mitmproxy = r.rps
+      } finally {
+        await mitm.stop()
+      }
+    }
     for (const [name, rps] of Object.entries(peers)) console.log(`Paygate / ${name}: ${fmt(paygate.rps / rps)}x`)
   } finally {
     for (const c of children) await stopChild(c)

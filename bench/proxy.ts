@@ -15,6 +15,7 @@ import { CertificateAuthority } from '../src/proxy/ca.js'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
 import { fmt, throughput, timeSequential, type Latencies } from './lib.js'
+import { startMitmproxy } from './peers.js'
 
 export async function benchProxy(opts: { count: number; maxMs: number }): Promise<void> {
   const dir = tempDir('paygate-bench-proxy-')
@@ -69,6 +70,17 @@ export async function benchProxy(opts: { count: number; maxMs: number }): Promis
   const dt = await measure('HTTPS direct', get(`${tlsUrl}/`, directTls))
   const pt = await measure('HTTPS through Paygate (intercepted)', get(`${tlsUrl}/`, viaTls))
   console.log(`  ratio through/direct: ${fmt(pt.rps / dt.rps)}x req/s; p50 +${fmt(pt.lat.p50 - dt.lat.p50, 3)} ms`)
+  const mitm = await startMitmproxy(dir, caFile)
+  if (mitm) {
+    const viaMitm = new ProxyAgent({ uri: mitm.url, requestTls: { ca: mitm.ca }, connections: C } as never)
+    try {
+      const mt = await measure('HTTPS through mitmproxy (intercepted)', get(`${tlsUrl}/`, viaMitm))
+      console.log(`  Paygate / mitmproxy: ${fmt(pt.rps / mt.rps)}x req/s`)
+    } finally {
+      await viaMitm.destroy()
+      await mitm.stop()
+    }
+  }
 
   // New TLS handshakes: direct to the target vs CONNECT + intercepted handshake.
   const p = new URL(proxyUrl)

@@ -67,6 +67,8 @@ export class Registry {
   private readonly mutex = new KeyedMutex()
   private readonly cascades: AgentCascade[] = []
   private readonly envKeyHash: string | null
+  /** Bumped whenever a verified key stops being valid, so that callers' own caches can tell. */
+  private revoked = 0
 
   constructor(
     private readonly store: Store,
@@ -159,8 +161,13 @@ export class Registry {
     return out
   }
 
+  get revision(): number {
+    return this.revoked
+  }
+
   private forget(hash: string): void {
     this.cache.delete(hash)
+    this.revoked++
   }
 
   /** Revoke a key at once. The last active account key cannot be revoked (nobody could log in). */

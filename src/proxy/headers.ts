@@ -13,10 +13,14 @@ const HOP_BY_HOP = new Set([
   'upgrade',
 ])
 
-/** Fields listed in Connection are hop-by-hop too. */
-function connectionTokens(h: IncomingHttpHeaders): Set<string> {
-  const c = h.connection
-  return new Set((Array.isArray(c) ? c.join(',') : (c ?? '')).split(',').map((x) => x.trim().toLowerCase()).filter(Boolean))
+const NONE: ReadonlySet<string> = new Set()
+
+/** Fields listed in Connection are hop-by-hop too (usually there is none, or just keep-alive). */
+function connectionTokens(c: string | string[] | undefined): ReadonlySet<string> {
+  if (c === undefined) return NONE
+  const s = Array.isArray(c) ? c.join(',') : c
+  if (s.length === 0 || s === 'keep-alive' || s === 'close') return NONE
+  return new Set(s.split(',').map((x) => x.trim().toLowerCase()).filter(Boolean))
 }
 
 /**
@@ -24,9 +28,10 @@ function connectionTokens(h: IncomingHttpHeaders): Set<string> {
  * from the URL), no `X-Paygate-*` (Paygate's own controls). Multi-valued fields are joined.
  */
 export function forwardRequestHeaders(h: IncomingHttpHeaders): Record<string, string> {
-  const drop = connectionTokens(h)
+  const drop = connectionTokens(h.connection)
   const out: Record<string, string> = {}
-  for (const [k, v] of Object.entries(h)) {
+  for (const k in h) {
+    const v = h[k]
     if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k) || k === 'host' || k.startsWith('x-paygate-')) continue
     out[k] = Array.isArray(v) ? v.join(', ') : v
   }
@@ -35,9 +40,10 @@ export function forwardRequestHeaders(h: IncomingHttpHeaders): Record<string, st
 
 /** Response headers for the agent: no hop-by-hop fields. */
 export function forwardResponseHeaders(h: Record<string, string | string[] | undefined>): OutgoingHttpHeaders {
-  const drop = connectionTokens(h as IncomingHttpHeaders)
+  const drop = connectionTokens(h.connection)
   const out: OutgoingHttpHeaders = {}
-  for (const [k, v] of Object.entries(h)) {
+  for (const k in h) {
+    const v = h[k]
     if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k)) continue
     out[k] = v
   }

@@ -1,25 +1,57 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import type { Registry } from '../agents/registry.js'
 
+const CACHE_MAX = 1024
+
 /**
  * Who is asking: `Proxy-Authorization: Basic base64(agentId:agentKey)`, the key being one of
  * that agent's keys. Without credentials, the sidecar default agent when configured.
+ * Every request carries the header, so answers are kept per header value (decoding and
+ * hashing it cost ~5 µs); any key revocation or agent deletion in the registry clears them.
  */
-export async function proxyIdentity(registry: Registry, headers: IncomingHttpHeaders, defaultAgent: string | null): Promise<string | null> {
-  const raw = headers['proxy-authorization']
-  if (!raw) return defaultAgent
-  const m = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(raw)
-  if (!m) return null
-  const decoded = Buffer.from(m[1]!, 'base64').toString('utf8')
-  const i = decoded.indexOf(':')
-  if (i <= 0) return null
-  let agentId: string
-  try {
-    agentId = decodeURIComponent(decoded.slice(0, i))
-  } catch {
-    return null
+export class ProxyIdentity {
+  private readonly known = new Map<string, string>()
+  private revision: number
+
+  constructor(
+    private readonly registry: Registry,
+    private readonly defaultAgent: string | null,
+  ) {
+    this.revision = registry.revision
   }
-  const key = decoded.slice(i + 1)
-  const id = await registry.verify(key)
-  return id?.kind === 'agent' && id.agentId === agentId ? agentId : null
+
+  async of(headers: IncomingHttpHeaders): Promise<string | null> {
+    const raw = headers['proxy-authorization']
+    if (!raw) return this.defaultAgent
+    const revision = this.registry.revision
+    if (revision !== this.revision) {
+      this.known.clear()
+      this.revision = revision
+    }
+    const hit = this.known.get(raw)
+    if (hit !== undefined) return hit
+    const agentId = await this.verify(raw)
+    // A revocation while verifying may have made this answer stale: keep it only if none came.
+    if (agentId && this.registry.revision === revision) {
+      if (this.known.size >= CACHE_MAX) this.known.delete(this.known.keys().next().value!)
+      this.known.set(raw, agentId)
+    }
+    return agentId
+  }
+
+  private async verify(raw: string): Promise<string | null> {
+    const m = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(raw)
+    if (!m) return null
+    const decoded = Buffer.from(m[1]!, 'base64').toString('utf8')
+    const i = decoded.indexOf(':')
+    if (i <= 0) return null
+    let agentId: string
+    try {
+      agentId = decodeURIComponent(decoded.slice(0, i))
+    } catch {
+      return null
+    }
+    const id = await this.registry.verify(decoded.slice(i + 1))
+    return id?.kind === 'agent' && id.agentId === agentId ? agentId : null
+  }
 }

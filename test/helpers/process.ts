@@ -29,6 +29,7 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
   const exited = new Promise<number | string>((resolve) => proc.on('exit', (code, sig) => resolve(code ?? sig ?? -1)))
   const url = await new Promise<string>((resolve, reject) => {
     let buf = ''
+    let started = false
     proc.stdout!.on('data', (d: Buffer) => {
       buf += d.toString()
       let i: number
@@ -36,9 +37,14 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
         const line = buf.slice(0, i)
         buf = buf.slice(i + 1)
         stdout.push(line)
+        // Parsing stops once started: benchmarks share this process with a target under load.
+        if (started) continue
         try {
           const j = JSON.parse(line)
-          if (j.msg === 'paygate started') resolve(j.api)
+          if (j.msg === 'paygate started') {
+            started = true
+            resolve(j.api)
+          }
         } catch {
           /* not JSON */
         }

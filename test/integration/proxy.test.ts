@@ -135,6 +135,15 @@ t.test('407 with Proxy-Authenticate for missing or wrong credentials', async (t)
   }
 })
 
+t.test('a revoked key stops working on the proxy at once (identities are cached per header)', async (t) => {
+  const issued = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px-revoked' } })).body
+  const auth = { 'proxy-authorization': `Basic ${Buffer.from(`px-revoked:${issued.apiKey}`).toString('base64')}` }
+  t.equal((await absoluteForm(`${v2.m.url}/free`, auth)).status, 200)
+  t.equal((await absoluteForm(`${v2.m.url}/free`, auth)).status, 200, 'again, from the cache')
+  t.equal((await gw.api('DELETE', `/v1/keys/${issued.keyId}`)).status, 200)
+  t.equal((await absoluteForm(`${v2.m.url}/free`, auth)).status, 407)
+})
+
 t.test('a policy rejection reaches the client as 402 with X-Paygate-Error', async (t) => {
   const key = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px-capped' } })).body.apiKey
   await gw.api('POST', '/v1/wallets', { body: { agentId: 'px-capped' } })
