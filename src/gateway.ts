@@ -28,7 +28,6 @@ import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
 import { ProxyServer } from './proxy/server.js'
-import { DispatchUpstream } from './proxy/upstream.js'
 import { PaygateError } from './errors/index.js'
 import { isIP } from 'node:net'
 import { Chain, faucetAmounts } from './chain/chain.js'
@@ -142,8 +141,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const transactions = new Transactions(store)
     outbox = new Outbox(store, transactions, new LedgerWriter(chain), log)
     await outbox.start()
-    // The engine's upstream speaks undici's dispatch() directly (see DispatchUpstream).
-    upstream = new DispatchUpstream(config.upstream.caFile, config.pay.timeoutMs)
+    upstream = new Upstream(config.upstream.caFile, config.pay.timeoutMs)
     const events = new EventBus()
     const rails = railsOf(config, opts)
     const settings = mppSettings(config)

