@@ -14,6 +14,7 @@ interface OutboxEntry {
 
 const NONCE_KEY = 'ledgerNextNonce'
 const nonceKey = (n: bigint): string => n.toString().padStart(20, '0')
+const SEND_DELAY_MS = 20
 
 /**
  * Durable outbox of ledger records. A record is signed with the next local nonce and
@@ -96,7 +97,9 @@ export class Outbox {
       group.forEach((g, i) => g.resolve(hashes[i]!))
     })
     if (this.queue.length) void this.flush()
-    this.schedule(0)
+    // A short delay lets a pass send a run of records and find the earlier ones mined,
+    // instead of one pass (and one receipt miss) per payment on the paid path's loop.
+    this.schedule(SEND_DELAY_MS)
   }
 
   private schedule(ms: number): void {
