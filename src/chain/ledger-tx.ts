@@ -1,4 +1,5 @@
-import { encodeFunctionData, keccak256, prepareEncodeFunctionData, toHex, type Hex } from 'viem'
+import { encodeFunctionData, prepareEncodeFunctionData, type Hex } from 'viem'
+import { keccak256 } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
 import { paymentLedgerAbi } from './contracts/abis.js'
 
@@ -24,10 +25,10 @@ const RECORD = prepareEncodeFunctionData({ abi: paymentLedgerAbi, functionName: 
 /** Split a URL into what the ledger may hold: the bare origin and the keccak of the path. */
 export function ledgerLocation(url: string): { origin: string; pathHash: Hex } {
   const u = new URL(url)
-  return { origin: u.origin, pathHash: keccak256(toHex(u.pathname)) }
+  return { origin: u.origin, pathHash: keccak256(u.pathname, 'utf8') }
 }
 
-export const recordIdOf = (txId: string): Hex => keccak256(toHex(txId))
+export const recordIdOf = (txId: string): Hex => keccak256(txId, 'utf8')
 
 /**
  * Signs PaymentLedger.record() transactions with the service signer and a caller-managed

@@ -1,6 +1,7 @@
 import { createRequire } from 'node:module'
-import { keccak256, serializeTransaction, type Hex, type TransactionSerializableEIP1559 } from 'viem'
+import { serializeTransaction, type Hex, type TransactionSerializableEIP1559 } from 'viem'
 import { privateKeyToAddress } from 'viem/accounts'
+import { keccak256 } from './keccak.js'
 
 /**
  * Native secp256k1 signing (the `secp256k1` package, libsecp256k1 with prebuilt binaries,

@@ -22,7 +22,8 @@
  *   payload:{from,to,amount,token,nonce,validAfter,validBefore}, signature})` plus
  *   `X-PAYMENT-SIGNATURE: <signature>`.
  */
-import { getAddress, isAddress, keccak256, toHex, type TypedDataDefinition } from 'viem'
+import { getAddress, isAddress, type TypedDataDefinition } from 'viem'
+import { keccak256 } from '../crypto/keccak.js'
 import { PaygateError } from '../errors/index.js'
 import type {
   Address,
@@ -598,10 +599,8 @@ export function readSettlement(headers: HttpAnswer['headers']): Settlement | nul
 // ---------------------------------------------------------------------------
 // fast EIP-712 digest
 
-const TWA_TYPEHASH = keccak256(
-  toHex('TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)'),
-)
-const DOMAIN_TYPEHASH = keccak256(toHex('EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)'))
+const TWA_TYPEHASH = keccak256('TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)', 'utf8')
+const DOMAIN_TYPEHASH = keccak256('EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)', 'utf8')
 const domainSeparators = new Map<string, Hex>()
 
 const word = (v: bigint): string => v.toString(16).padStart(64, '0')
@@ -617,7 +616,7 @@ export function typedDataDigest(td: TransferWithAuthorizationTypedData): Hex {
   let sep = domainSeparators.get(dk)
   if (!sep) {
     sep = keccak256(
-      `0x${DOMAIN_TYPEHASH.slice(2)}${keccak256(toHex(d.name)).slice(2)}${keccak256(toHex(d.version)).slice(2)}${word(BigInt(d.chainId))}${addrWord(d.verifyingContract)}`,
+      `0x${DOMAIN_TYPEHASH.slice(2)}${keccak256(d.name, 'utf8').slice(2)}${keccak256(d.version, 'utf8').slice(2)}${word(BigInt(d.chainId))}${addrWord(d.verifyingContract)}`,
     )
     if (domainSeparators.size > 1000) domainSeparators.clear()
     domainSeparators.set(dk, sep)
