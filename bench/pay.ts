@@ -1,52 +1,45 @@
 /**
  * Paid POST /v1/pay against a local x402 v2 merchant, in the same run as its floor: two
- * plain round trips to the merchant (a paid call is a 402 then a paid retry). Everything
- * durable: LevelDB records, ledger outbox, the embedded chain.
+ * plain round trips to the merchant (a paid call is a 402 then a paid retry). Paygate, the
+ * merchant and the callers each run in their own process, as in a deployment. Everything durable: LevelDB records, ledger outbox, the embedded chain; the
+ * run ends when the ledger contract counts every payment.
  */
-import { createServer } from 'node:http'
-import type { AddressInfo } from 'node:net'
-import { rmSync } from 'node:fs'
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { readFileSync, rmSync } from 'node:fs'
+import { join } from 'node:path'
 import { Pool } from 'undici'
+import { createPublicClient, http } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { startTestGateway, tempDir } from '../test/helpers/gateway.js'
+import { paymentLedgerAbi } from '../src/chain/contracts/abis.js'
+import { tempDir } from '../test/helpers/gateway.js'
+import { call, spawnGateway } from '../test/helpers/process.js'
 import { fmt, throughput, timeSequential } from './lib.js'
 
 export async function benchPay(opts: { sequential: number; concurrent: number; maxMs: number }): Promise<void> {
   const dataDir = tempDir('paygate-bench-')
-  const gw = await startTestGateway({ dataDir, env: { PAYGATE_LOG_LEVEL: 'warn', PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000', PAYGATE_API_RATE_LIMIT_BURST: '10000000' } })
-  const info = (await gw.api('GET', '/v1/chain')).body
+  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000', PAYGATE_API_RATE_LIMIT_BURST: '10000000' })
+  const accountKey = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  const info = (await call(gw.url, 'GET', '/v1/chain', accountKey)).body
+  const chain = createPublicClient({ transport: http(info.rpcUrl) })
+  const ledgerCount = (): Promise<bigint> => chain.readContract({ address: info.ledger, abi: paymentLedgerAbi, functionName: 'count' })
   const payTo = privateKeyToAccount(generatePrivateKey()).address
 
-  // A minimal v2 merchant: 402 with PAYMENT-REQUIRED, 200 when PAYMENT-SIGNATURE decodes.
-  let required = ''
-  const requirement = (url: string): string => Buffer.from(
-    JSON.stringify({
-      x402Version: 2,
-      error: 'payment required',
-      resource: { url, description: 'bench', mimeType: 'application/json' },
-      accepts: [{ scheme: 'exact', network: `eip155:${info.chainId}`, amount: '1', asset: info.token, payTo, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }],
-    }),
-  ).toString('base64')
-  const merchant = createServer((req, res) => {
-    const sig = req.headers['payment-signature']
-    if (typeof sig === 'string') {
-      JSON.parse(Buffer.from(sig, 'base64').toString())
-      res.writeHead(200, { 'content-type': 'application/json' })
-      res.end('{"ok":true}')
-      return
-    }
-    res.writeHead(402, { 'payment-required': required, 'content-type': 'application/json' })
-    res.end('{}')
+  // The merchant runs in its own process too, so the floor and the paid path cross the same process boundaries.
+  const merchant = spawn(process.execPath, ['--import', 'tsx', 'bench/x402-merchant.ts'], {
+    cwd: fileURLToPath(new URL('..', import.meta.url)),
+    env: { PATH: process.env.PATH ?? '', BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo },
+    stdio: ['ignore', 'pipe', 'inherit'],
   })
-  merchant.keepAliveTimeout = 60_000
-  await new Promise<void>((r) => merchant.listen(0, '127.0.0.1', r))
-  const murl = `http://127.0.0.1:${(merchant.address() as AddressInfo).port}`
-  required = requirement(`${murl}/paid`)
+  const [line] = (await once(createInterface({ input: merchant.stdout! }), 'line')) as [string]
+  const murl = (JSON.parse(line) as { url: string }).url
 
   const CALLERS = 16
   for (let i = 0; i < CALLERS; i++) {
-    await gw.api('POST', '/v1/agents', { body: { agentId: `bench${i}` } })
-    await gw.api('POST', '/v1/wallets', { body: { agentId: `bench${i}` } })
+    await call(gw.url, 'POST', '/v1/agents', accountKey, { agentId: `bench${i}` })
+    await call(gw.url, 'POST', '/v1/wallets', accountKey, { agentId: `bench${i}` })
   }
 
   const mpool = new Pool(murl, { connections: 32 })
@@ -60,11 +53,13 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
     await plain()
   }
   const payBody = (agent: number): string => JSON.stringify({ agentId: `bench${agent}`, endpoint: `${murl}/paid`, method: 'GET' })
-  const headers = { authorization: `Bearer ${gw.accountKey}`, 'content-type': 'application/json' }
+  const headers = { authorization: `Bearer ${accountKey}`, 'content-type': 'application/json' }
+  let payments = 0
   const paidAs = async (agent: number): Promise<void> => {
     const r = await apool.request({ path: '/v1/pay', method: 'POST', headers, body: payBody(agent) })
     const text = await r.body.text()
     if (r.statusCode !== 200 || !text.includes('"txHash":"0x')) throw new Error(`pay failed: ${r.statusCode} ${text}`)
+    payments++
   }
 
   const paid = (): Promise<void> => paidAs(0)
@@ -81,7 +76,14 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   const pt = await throughput(16, opts.concurrent, opts.maxMs, paid)
   const pm = await throughput(16, opts.concurrent, opts.maxMs, paidManyAgents)
   const drainStart = Date.now()
-  const drained = await gw.gw.outbox.drain(120_000)
+  let drained = false
+  while (Date.now() - drainStart < 180_000) {
+    if ((await ledgerCount()) >= BigInt(payments)) {
+      drained = true
+      break
+    }
+    await new Promise((r) => setTimeout(r, 250))
+  }
   const drainMs = Date.now() - drainStart
 
   console.log('\n== paid POST /v1/pay vs floor (two plain round trips to the same merchant) ==')
@@ -90,11 +92,11 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   console.log(`16 callers: floor ${fmt(ft.perSec, 0)} pairs/s (n=${ft.n})`)
   console.log(`  one agent: ${fmt(pt.perSec, 0)} paid/s (n=${pt.n}); ratio to floor ${fmt(pt.perSec / ft.perSec)}x`)
   console.log(`  16 agents: ${fmt(pm.perSec, 0)} paid/s (n=${pm.n}); ratio to floor ${fmt(pm.perSec / ft.perSec)}x`)
-  console.log(`ledger outbox: every record confirmed on chain: ${drained} (${drainMs} ms after the last payment)`)
+  console.log(`ledger: all ${payments} payments counted by the contract: ${drained} (${drainMs} ms after the last payment)`)
 
   await apool.close()
   await mpool.close()
-  await new Promise<void>((r) => merchant.close(() => r()))
-  await gw.close()
+  merchant.kill('SIGTERM')
+  await gw.stop()
   rmSync(dataDir, { recursive: true, force: true })
 }
