@@ -90,6 +90,8 @@ export interface FakeCardProvider {
   url: string
   issued: Map<string, { token: string; amount: { value: string; currency: string }; merchant: string }>
   requests: number
+  /** Answer the next N token requests 500. */
+  failNext: number
   redeem(token: string): boolean
   close(): Promise<void>
 }
@@ -109,9 +111,13 @@ export async function startFakeCardProvider(opts: { key?: string } = {}): Promis
   const issued = new Map<string, { token: string; amount: { value: string; currency: string }; merchant: string }>()
   const redeemed = new Set<string>()
   const valid = new Set<string>()
-  const p = { requests: 0 }
+  const p = { requests: 0, failNext: 0 }
   const l = await listen(async (req, res) => {
     p.requests++
+    if (p.failNext > 0) {
+      p.failNext--
+      return sendJson(res, 500, { error: 'processor_down' })
+    }
     const body = JSON.parse((await readAll(req)).toString() || '{}')
     if (req.method !== 'POST' || req.url !== '/tokens') return sendJson(res, 404, { error: 'not_found' })
     if (opts.key && req.headers.authorization !== `Bearer ${opts.key}`) return sendJson(res, 401, { error: 'unauthorized' })
@@ -132,6 +138,12 @@ export async function startFakeCardProvider(opts: { key?: string } = {}): Promis
     },
     set requests(n: number) {
       p.requests = n
+    },
+    get failNext() {
+      return p.failNext
+    },
+    set failNext(n: number) {
+      p.failNext = n
     },
     redeem(token: string): boolean {
       if (!valid.has(token) || redeemed.has(token)) return false

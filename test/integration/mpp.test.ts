@@ -118,6 +118,32 @@ t.test('card rail: used only when no stablecoin method is offered, through the c
   t.match(r2.body, { rail: 'stablecoin', data: { method: 'tempo' } }, 'stablecoin preferred when offered, whatever the order')
 })
 
+t.test('a card provider failure fails the payment before the merchant sees anything; the reservation is released', async (t) => {
+  const { m } = await merchant({ methods: ['stripe'] })
+  const a = await agent({ dailyBudget: { usdc: 1 } })
+  card.failNext = 1
+  const r = await pay(a.id, `${m.url}/paid`)
+  t.equal(r.status, 502)
+  t.match(r.body, { error: 'payment_failed', detail: /card provider refused the charge \(HTTP 500\)/ })
+  t.equal(m.stats.paymentPosts, 0)
+  const list = (await gw.api('GET', `/v1/transactions?agentId=${a.id}`)).body.transactions
+  t.match(list, [{ status: 'failed', rail: 'card' }])
+  t.same((await gw.gw.policies.usageOf(a.id)).holds ?? [], [], 'nothing held')
+  const again = await pay(a.id, `${m.url}/paid`)
+  t.equal(again.status, 200, 'the next call pays')
+})
+
+t.test('a paymentEndpoint on another origin is not paid unless its host is allowed', async (t) => {
+  const a = await agent()
+  const other = await merchant()
+  const { m } = await merchant({ rawBody: { protocol: 'mpp/1.0', amount: { value: '0.01', currency: 'USD' }, paymentMethods: ['tempo'], sessionSupported: true, paymentEndpoint: `http://localhost:${new URL(other.m.url).port}/mpp/pay` } })
+  const r = await pay(a.id, `${m.url}/paid`)
+  t.equal(r.status, 402)
+  t.equal(r.body.error, 'no_payable_offer')
+  t.match(r.body.detail, /paymentEndpoint http:\/\/localhost:\d+ is on another origin/)
+  t.equal(other.m.stats.paymentPosts + m.stats.paymentPosts, 0)
+})
+
 t.test('nothing payable: no_payable_offer, nothing spent', async (t) => {
   const a = await agent()
   const unknown = await merchant({ methods: ['bitcoin-onchain'] })
