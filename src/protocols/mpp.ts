@@ -17,7 +17,7 @@
 import { getAddress, isAddress } from 'viem'
 import { PaygateError } from '../errors/index.js'
 import type { Address, Eip3009Authorization, Hex, HttpAnswer, PayableChain } from './types.js'
-import { namesChain, TRANSFER_WITH_AUTHORIZATION_TYPES, type TransferWithAuthorizationTypedData } from './x402.js'
+import { authorizationJson, namesChain, TRANSFER_WITH_AUTHORIZATION_TYPES, type TransferWithAuthorizationTypedData } from './x402.js'
 
 export const MPP_VERSION = 'mpp/1.0'
 export const SESSION_HEADER = 'x-mpp-session'
@@ -303,18 +303,7 @@ export type MppAuthorization =
   | { type: string; [k: string]: unknown }
 
 export function eip3009Authorization(auth: Eip3009Authorization, signature: Hex, chain: PayableChain): MppAuthorization {
-  return {
-    type: 'eip3009',
-    network: `eip155:${chain.chainId}`,
-    token: chain.token,
-    from: auth.from,
-    to: auth.to,
-    value: auth.value.toString(),
-    validAfter: auth.validAfter.toString(),
-    validBefore: auth.validBefore.toString(),
-    nonce: auth.nonce,
-    signature,
-  }
+  return { type: 'eip3009', network: `eip155:${chain.chainId}`, token: chain.token, ...authorizationJson(auth), signature }
 }
 
 export function intentAuthorization(intent: PaymentIntent, signature: Hex, chainId: number): MppAuthorization {

@@ -19,6 +19,7 @@ import { Challenge, Credential, Receipt } from 'mppx'
 import { getAddress, isAddress, keccak256, toHex } from 'viem'
 import { PaygateError, type ErrorCode } from '../errors/index.js'
 import { toBaseUnits } from './mpp.js'
+import { authorizationJson } from './x402.js'
 import type { Address, Eip3009Authorization, Hex, HttpAnswer, PayableChain, Settlement } from './types.js'
 
 export type PaymentChallenge = Challenge.Challenge
@@ -165,16 +166,7 @@ export function credentialHeader(challenge: PaymentChallenge, payload: Record<st
 }
 
 export function evmPayload(auth: Eip3009Authorization, signature: Hex): Record<string, unknown> {
-  return {
-    type: 'authorization',
-    from: auth.from,
-    to: auth.to,
-    value: auth.value.toString(),
-    validAfter: auth.validAfter.toString(),
-    validBefore: auth.validBefore.toString(),
-    nonce: auth.nonce,
-    signature,
-  }
+  return { type: 'authorization', ...authorizationJson(auth), signature }
 }
 
 /** The `Payment-Receipt` of a paid answer as a settlement record, or null. */

@@ -492,7 +492,8 @@ export function typedData(
 // ---------------------------------------------------------------------------
 // encoding the payment
 
-const authorizationJson = (a: Eip3009Authorization) => ({
+/** The EIP-3009 fields as JSON strings, as every wire format carries them. */
+export const authorizationJson = (a: Eip3009Authorization) => ({
   from: a.from,
   to: a.to,
   value: a.value.toString(),

@@ -154,6 +154,7 @@ export async function startFakeCardProvider(opts: { key?: string } = {}): Promis
   }
 }
 
+/** Written out here on purpose: the merchant verifies independently of Paygate's own MPP code. */
 const INTENT_TYPES = {
   PaymentIntent: [
     { name: 'payer', type: 'address' },

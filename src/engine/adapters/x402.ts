@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../protocols/types.js'
-import { authorizationFor, choose, detectX402, paymentHeaders, readSettlement, typedData, typedDataDigest } from '../../protocols/x402.js'
+import { authorizationFor, authorizationJson, choose, detectX402, paymentHeaders, readSettlement, typedData, typedDataDigest } from '../../protocols/x402.js'
 import type { Upstream } from '../upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
 
@@ -24,15 +24,7 @@ export function eip3009Of(a: StoredAuthorization): Eip3009Authorization {
 }
 
 export function storedEip3009(auth: Eip3009Authorization, signature: `0x${string}`): StoredAuthorization {
-  return {
-    from: auth.from,
-    to: auth.to,
-    value: auth.value.toString(),
-    validAfter: auth.validAfter.toString(),
-    validBefore: auth.validBefore.toString(),
-    nonce: auth.nonce,
-    signature,
-  }
+  return { ...authorizationJson(auth), signature }
 }
 
 /** x402 (v1, v2 and the spec's shapes): pay by retrying the request with the payment headers. */
