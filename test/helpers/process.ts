@@ -53,6 +53,7 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
     proc.stderr!.on('data', (d: Buffer) => stderr.push(...d.toString().split('\n').filter(Boolean)))
     exited.then((c) => reject(new Error(`gateway exited (${c}) before starting: ${stderr.join('\n')}`)))
     setTimeout(() => {
+      if (started) return
       // Never leave a gateway behind that did not come up (e.g. its start line was filtered by the log level).
       proc.kill('SIGKILL')
       reject(new Error('gateway did not start within 20 s'))
