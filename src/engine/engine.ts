@@ -268,8 +268,12 @@ export class PaymentEngine {
       }
       const authorization = plan.signsLocally ? await plan.authorize({ req, txId: base.id, wallet: signing, nowMs: now }) : undefined
       const rec: TxRecord = { ...base, ...(authorization ? { authorization } : {}) }
-      await this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)])
-      return { kind: 'reserved' as const, rec }
+      // Enqueued under the lock (writes land in call order), awaited after it, so the
+      // agent's next payment can be decided while this one is being written.
+      // In flight before it can be seen on disk: the reconciler leaves it alone.
+      this.inFlight.add(base.id)
+      const written = this.settled(this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)]))
+      return { kind: 'reserved' as const, rec, written }
     })
     if (reserved.kind === 'rejected') {
       this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: reserved.reason, detail: reserved.detail, endpoint: base.endpoint, transactionId: base.id })
@@ -282,7 +286,12 @@ export class PaymentEngine {
         available: { usdc: toUsdcNumber(available > 0n ? available : 0n) },
       })
     }
-    this.inFlight.add(base.id)
+    const failed = await reserved.written
+    if (failed) {
+      this.inFlight.delete(base.id)
+      this.d.policies.forgetUsage(agentId)
+      throw failed
+    }
     try {
       let rec = reserved.rec
       if (!rec.authorization) {
@@ -350,6 +359,14 @@ export class PaymentEngine {
     throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
   }
 
+  /** A write's outcome as a value (null = written), so it can be awaited later without an unhandled rejection. */
+  private settled(p: Promise<unknown>): Promise<unknown> {
+    return p.then(
+      () => null,
+      (e: unknown) => e ?? new Error('write failed'),
+    )
+  }
+
   private used(a: StoredAuthorization): Promise<boolean> {
     if (!isEip3009(a)) throw new Error('no on-chain state')
     return this.authorizationUsed(a.from as `0x${string}`, a.nonce)
@@ -383,13 +400,14 @@ export class PaymentEngine {
     const { origin, pathHash } = ledgerLocation(rec.endpoint)
     let before = 0n
     let after = 0n
-    const txHash = await this.withUsage(rec.agentId, async () => {
+    const recorded = await this.withUsage(rec.agentId, async () => {
       const usage = await this.d.policies.usageOf(rec.agentId)
       before = usedToday(usage, now)
       const committed = commit(usage, rec.id, now, policy.rateLimit?.calls ?? 0)
       after = usedToday(committed, now)
+      const usageOp = this.d.policies.usageOp(rec.agentId, committed)
       const prev = rec
-      return this.d.outbox.record(
+      const pending = this.d.outbox.record(
         {
           id: recordIdOf(rec.id),
           parentTxHash: (rec.parentTxHash as `0x${string}` | null) ?? ZERO32,
@@ -411,10 +429,17 @@ export class PaymentEngine {
             ...(settlement ? { settlement: { success: settlement.success, transaction: settlement.transaction, network: settlement.network, payer: settlement.payer, errorReason: settlement.errorReason } } : {}),
             ledger: { status: 'queued' },
           }
-          return [...this.d.transactions.ops(next, prev), this.d.policies.usageOp(rec.agentId, committed)]
+          return [...this.d.transactions.ops(next, prev), usageOp]
         },
       )
+      // As for the reservation: written in order, awaited outside the agent's lock.
+      return { hash: pending.then((h) => h, () => null), error: this.settled(pending) }
     })
+    const [txHash, error] = await Promise.all([recorded.hash, recorded.error])
+    if (error || !txHash) {
+      this.d.policies.forgetUsage(rec.agentId)
+      throw error ?? new PaygateError('internal_error', 'the payment record was not written')
+    }
     if (rec.authorization && isEip3009(rec.authorization)) this.balances.spend(rec.authorization.from, BigInt(rec.amount))
     const ts = new Date(now).toISOString()
     this.d.events.emit('payment.completed', { agentId: rec.agentId, timestamp: ts, transactionId: rec.id, protocol: plan.protocol, rail: plan.rail, amountUsdc: toUsdcNumber(BigInt(rec.amount)), endpoint: rec.endpoint, txHash })

@@ -48,12 +48,14 @@ export class PolicyStore {
 
   /**
    * A batch op that stores an agent's usage (the engine writes it with its records, under
-   * its per-agent lock). The cache takes the new value at once; `forgetUsage` drops it
-   * if the batch fails.
+   * its per-agent lock). The cache takes the new value at once and is the newest state;
+   * the op writes whatever the cache holds when its batch is written, so batches that land
+   * after a later change never store an older state. `forgetUsage` drops the cache if a
+   * batch fails.
    */
   usageOp(agentId: string, u: UsageState): BatchOp {
     this.usageCache.set(agentId, u)
-    return { type: 'put', coll: this.usage, key: agentId, value: u }
+    return { type: 'put', coll: this.usage, key: agentId, value: u, latest: () => this.usageCache.get(agentId) ?? u }
   }
 
   forgetUsage(agentId: string): void {

@@ -30,7 +30,8 @@ export interface RangeOptions {
 }
 
 export type BatchOp =
-  | { type: 'put'; coll: Collection<any>; key: string; value: unknown }
+  /** `latest`: the value is taken when the batch is written (the newest state of a key kept in memory). */
+  | { type: 'put'; coll: Collection<any>; key: string; value: unknown; latest?: () => unknown }
   | { type: 'del'; coll: Collection<any>; key: string }
 
 class LevelCollection<T> implements Collection<T> {
@@ -58,9 +59,18 @@ class LevelCollection<T> implements Collection<T> {
   }
 }
 
+function levelOp(op: BatchOp) {
+  const sublevel = (op.coll as LevelCollection<unknown>).sub
+  return op.type === 'put'
+    ? { type: 'put' as const, sublevel, key: op.key, value: op.latest ? op.latest() : op.value }
+    : { type: 'del' as const, sublevel, key: op.key }
+}
+
 export class Store {
   private readonly db: Level<string, unknown>
   private readonly colls = new Map<string, LevelCollection<any>>()
+  private queue: { ops: BatchOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
+  private writing = false
 
   private constructor(readonly location: string) {
     this.db = new Level<string, unknown>(location, { valueEncoding: 'json' })
@@ -88,20 +98,37 @@ export class Store {
     return c
   }
 
-  /** Apply puts and deletes across collections atomically. */
-  async batch(ops: BatchOp[]): Promise<void> {
-    if (!ops.length) return
-    await this.db.batch(
-      ops.map((op) => {
-        const sublevel = (op.coll as LevelCollection<unknown>).sub
-        return op.type === 'put'
-          ? { type: 'put' as const, sublevel, key: op.key, value: op.value }
-          : { type: 'del' as const, sublevel, key: op.key }
-      }) as never,
-    )
+  /**
+   * Apply puts and deletes across collections atomically. Batches are written one LevelDB
+   * write at a time, in the order `batch` was called (concurrent calls are grouped into one
+   * write), so a key's later state never lands before an earlier one.
+   */
+  batch(ops: BatchOp[]): Promise<void> {
+    if (!ops.length) return Promise.resolve()
+    return new Promise((resolve, reject) => {
+      this.queue.push({ ops, resolve, reject })
+      if (!this.writing) void this.drain()
+    })
+  }
+
+  private async drain(): Promise<void> {
+    this.writing = true
+    while (this.queue.length) {
+      const group = this.queue.splice(0, this.queue.length)
+      try {
+        await this.db.batch(group.flatMap((g) => g.ops.map(levelOp)) as never)
+        for (const g of group) g.resolve()
+      } catch (e) {
+        // One bad batch must not fail the others grouped with it: write them one by one.
+        if (group.length === 1) group[0]!.reject(e)
+        else for (const g of group) await this.db.batch(g.ops.map(levelOp) as never).then(g.resolve, g.reject)
+      }
+    }
+    this.writing = false
   }
 
   async close(): Promise<void> {
+    while (this.writing) await new Promise((r) => setImmediate(r))
     if (this.db.status === 'open' || this.db.status === 'opening') await this.db.close()
   }
 }
