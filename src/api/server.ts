@@ -1,5 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
-import type { Logger } from 'pino'
+import { unredacted, type Logger } from '../log/index.js'
 import type { Identity, Registry } from '../agents/registry.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { errorReply, readJsonBody, sendReply } from './http.js'
@@ -30,6 +30,8 @@ async function authenticate(req: IncomingMessage, registry: Registry): Promise<I
 /** The /v1 API and health endpoints on one node:http server. */
 export function createApiServer(deps: ApiDeps): Server {
   const { router, registry, rateLimit, log, maxBodyBytes } = deps
+  /** The access line's fields are fixed and secret-free: no redaction pass on the hot path. */
+  const access = unredacted(log)
 
   /** `seen` collects the caller's identity for the access log, also when the handler fails. */
   async function handle(req: IncomingMessage, url: URL, reqLog: Logger, seen: { identity: Identity | null }): Promise<Reply> {
@@ -88,7 +90,7 @@ export function createApiServer(deps: ApiDeps): Server {
       .then((reply) => {
         if (!res.headersSent) sendReply(res, reply)
         const ms = Number(process.hrtime.bigint() - started) / 1e6
-        log.info(
+        access.info(
           {
             method: req.method,
             path: url.pathname,
