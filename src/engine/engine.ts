@@ -79,6 +79,12 @@ const answerStream = (a: HttpAnswer): UpstreamResponse => ({ status: a.status, h
 const lostAnswer = (): UpstreamResponse => ({ status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) })
 /** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
 const sessionRefused = (status: number): boolean => status === 401 || status === 402
+/** A promise's result as a value, so it can be awaited later (outside a lock) without an unhandled rejection. */
+const outcome = <T>(p: Promise<T>): Promise<{ ok: true; value: T } | { ok: false; error: unknown }> =>
+  p.then(
+    (value) => ({ ok: true as const, value }),
+    (error: unknown) => ({ ok: false as const, error }),
+  )
 const expiryMs = (a: StoredAuthorization): number => (isEip3009(a) ? Number(a.validBefore) * 1000 : a.expiresAt)
 
 /**
@@ -148,7 +154,7 @@ export class PaymentEngine {
     }
     if ('unpaid' in picked) return { response: answerStream(answer), payment: null, unpaid: picked.unpaid }
     const { plan } = picked
-    if (!plan.session || session) return this.payPlan(req, plan, parent)
+    if (!plan.sellsSession || session) return this.payPlan(req, plan, parent)
 
     // One negotiation per agent and service: concurrent first calls wait here and then
     // ride on the session the first one bought.
@@ -272,7 +278,7 @@ export class PaymentEngine {
       // agent's next payment can be decided while this one is being written.
       // In flight before it can be seen on disk: the reconciler leaves it alone.
       this.inFlight.add(base.id)
-      const written = this.settled(this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)]))
+      const written = outcome(this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)]))
       return { kind: 'reserved' as const, rec, written }
     })
     if (reserved.kind === 'rejected') {
@@ -286,11 +292,11 @@ export class PaymentEngine {
         available: { usdc: toUsdcNumber(available > 0n ? available : 0n) },
       })
     }
-    const failed = await reserved.written
-    if (failed) {
+    const written = await reserved.written
+    if (!written.ok) {
       this.inFlight.delete(base.id)
       this.d.policies.forgetUsage(agentId)
-      throw failed
+      throw written.error
     }
     try {
       let rec = reserved.rec
@@ -359,14 +365,6 @@ export class PaymentEngine {
     throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
   }
 
-  /** A write's outcome as a value (null = written), so it can be awaited later without an unhandled rejection. */
-  private settled(p: Promise<unknown>): Promise<unknown> {
-    return p.then(
-      () => null,
-      (e: unknown) => e ?? new Error('write failed'),
-    )
-  }
-
   private used(a: StoredAuthorization): Promise<boolean> {
     if (!isEip3009(a)) throw new Error('no on-chain state')
     return this.authorizationUsed(a.from as `0x${string}`, a.nonce)
@@ -400,7 +398,7 @@ export class PaymentEngine {
     const { origin, pathHash } = ledgerLocation(rec.endpoint)
     let before = 0n
     let after = 0n
-    const recorded = await this.withUsage(rec.agentId, async () => {
+    const recording = await this.withUsage(rec.agentId, async () => {
       const usage = await this.d.policies.usageOf(rec.agentId)
       before = usedToday(usage, now)
       const committed = commit(usage, rec.id, now, policy.rateLimit?.calls ?? 0)
@@ -432,14 +430,16 @@ export class PaymentEngine {
           return [...this.d.transactions.ops(next, prev), usageOp]
         },
       )
-      // As for the reservation: written in order, awaited outside the agent's lock.
-      return { hash: pending.then((h) => h, () => null), error: this.settled(pending) }
+      // As for the reservation: written in order, awaited outside the agent's lock (wrapped,
+      // so the lock's async function does not adopt the promise and wait for the write).
+      return { written: outcome(pending) }
     })
-    const [txHash, error] = await Promise.all([recorded.hash, recorded.error])
-    if (error || !txHash) {
+    const recorded = await recording.written
+    if (!recorded.ok) {
       this.d.policies.forgetUsage(rec.agentId)
-      throw error ?? new PaygateError('internal_error', 'the payment record was not written')
+      throw recorded.error
     }
+    const txHash = recorded.value
     if (rec.authorization && isEip3009(rec.authorization)) this.balances.spend(rec.authorization.from, BigInt(rec.amount))
     const ts = new Date(now).toISOString()
     this.d.events.emit('payment.completed', { agentId: rec.agentId, timestamp: ts, transactionId: rec.id, protocol: plan.protocol, rail: plan.rail, amountUsdc: toUsdcNumber(BigInt(rec.amount)), endpoint: rec.endpoint, txHash })

@@ -17,7 +17,7 @@
 import { getAddress, isAddress } from 'viem'
 import { PaygateError } from '../errors/index.js'
 import type { Address, Eip3009Authorization, Hex, HttpAnswer, PayableChain } from './types.js'
-import { authorizationJson, namesChain, TRANSFER_WITH_AUTHORIZATION_TYPES, type TransferWithAuthorizationTypedData } from './x402.js'
+import { authorizationJson, namesChain } from './x402.js'
 
 export const MPP_VERSION = 'mpp/1.0'
 export const SESSION_HEADER = 'x-mpp-session'
@@ -261,16 +261,6 @@ export function paymentIntentTypedData(intent: PaymentIntent, chainId: number) {
     types: PAYMENT_INTENT_TYPES,
     primaryType: 'PaymentIntent' as const,
     message: intent,
-  }
-}
-
-/** EIP-712 TransferWithAuthorization for the stablecoin rail with a `payTo`, in the chain's token. */
-export function mppTransferTypedData(auth: Eip3009Authorization, chain: PayableChain, domain: { name: string; version: string }): TransferWithAuthorizationTypedData {
-  return {
-    domain: { name: domain.name, version: domain.version, chainId: chain.chainId, verifyingContract: chain.token },
-    types: TRANSFER_WITH_AUTHORIZATION_TYPES,
-    primaryType: 'TransferWithAuthorization',
-    message: auth,
   }
 }
 

@@ -465,6 +465,14 @@ export function authorizationFor(
   }
 }
 
+/** EIP-712 TransferWithAuthorization typed data for `auth` under a token's domain. */
+export function transferTypedData(
+  auth: Eip3009Authorization,
+  domain: { name: string; version: string; chainId: number; verifyingContract: Address },
+): TransferWithAuthorizationTypedData {
+  return { domain, types: TRANSFER_WITH_AUTHORIZATION_TYPES, primaryType: 'TransferWithAuthorization', message: { ...auth } }
+}
+
 /**
  * EIP-712 TransferWithAuthorization typed data for viem `signTypedData` /
  * `hashTypedData`. Domain name/version come from the offer's `extra` (what the
@@ -476,17 +484,12 @@ export function typedData(
   chainId: number,
   fallbackDomain: { name: string; version: string },
 ): TransferWithAuthorizationTypedData {
-  return {
-    domain: {
-      name: offer.extra.name ?? fallbackDomain.name,
-      version: offer.extra.version ?? fallbackDomain.version,
-      chainId,
-      verifyingContract: offer.asset,
-    },
-    types: TRANSFER_WITH_AUTHORIZATION_TYPES,
-    primaryType: 'TransferWithAuthorization',
-    message: { ...auth },
-  }
+  return transferTypedData(auth, {
+    name: offer.extra.name ?? fallbackDomain.name,
+    version: offer.extra.version ?? fallbackDomain.version,
+    chainId,
+    verifyingContract: offer.asset,
+  })
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import {
   detectMpp,
   eip3009Authorization,
   intentAuthorization,
-  mppTransferTypedData,
   paymentBody,
   paymentIntentTypedData,
   SESSION_HEADER,
@@ -18,13 +17,13 @@ import {
   type RailName,
 } from '../../protocols/mpp.js'
 import type { HttpAnswer, PayableChain } from '../../protocols/types.js'
-import { readSettlement, typedDataDigest } from '../../protocols/x402.js'
+import { readSettlement } from '../../protocols/x402.js'
 import type { Clock } from '../../util/clock.js'
 import type { Rail } from '../rails.js'
 import type { MppSession, MppSessions } from '../sessions.js'
 import type { Upstream, UpstreamResponse } from '../upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
-import { eip3009Of, newNonce, storedEip3009, TOKEN_DOMAIN } from './x402.js'
+import { eip3009Of, newNonce, signChainTransfer } from './x402.js'
 
 /** How long a stablecoin authorization or payment intent may be redeemed. */
 const AUTHORIZATION_SECONDS = 300
@@ -105,12 +104,12 @@ export class MppAdapter implements ProtocolAdapter {
       },
       fromWallet: stable,
       signsLocally: stable,
-      ...(offer.sessionSupported ? { session: { ttlSeconds: offer.sessionTtlSeconds } } : {}),
+      sellsSession: offer.sessionSupported,
       authorize: async ({ req, wallet, nowMs, txId }: AuthorizeInput): Promise<StoredAuthorization> => {
         const expiry = BigInt(Math.floor(nowMs / 1000) + AUTHORIZATION_SECONDS)
         if (stable && offer.payTo) {
           const auth = { from: wallet.address, to: offer.payTo, value: offer.amount, validAfter: 0n, validBefore: expiry, nonce: newNonce() }
-          return storedEip3009(auth, wallet.signDigest(typedDataDigest(mppTransferTypedData(auth, chain, TOKEN_DOMAIN))))
+          return signChainTransfer(wallet, auth, chain)
         }
         if (stable) {
           const intent = { payer: wallet.address, amount: offer.amount, currency: offer.currency.toUpperCase(), resource: req.url, nonce: newNonce(), expiry }

@@ -1,6 +1,5 @@
 import { Readable } from 'node:stream'
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
-import { mppTransferTypedData } from '../../protocols/mpp.js'
 import {
   acceptPayment,
   credentialHeader,
@@ -12,12 +11,11 @@ import {
   type AuthOffer,
 } from '../../protocols/payment-auth.js'
 import type { HttpAnswer, PayableChain } from '../../protocols/types.js'
-import { typedDataDigest } from '../../protocols/x402.js'
 import type { Clock } from '../../util/clock.js'
 import type { Rail } from '../rails.js'
 import { readBody, type Upstream } from '../upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
-import { eip3009Of, storedEip3009, TOKEN_DOMAIN } from './x402.js'
+import { eip3009Of, signChainTransfer } from './x402.js'
 
 const MAX_PROBLEM_BYTES = 64 * 1024
 const CARD_PROOF_MS = 10 * 60_000
@@ -78,7 +76,7 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
       async authorize({ req, wallet, nowMs, txId }: AuthorizeInput): Promise<StoredAuthorization> {
         if (offer.kind === 'evm') {
           const auth = evmAuthorization(offer, wallet.address, nowMs)
-          return storedEip3009(auth, wallet.signDigest(typedDataDigest(mppTransferTypedData(auth, chain, TOKEN_DOMAIN))))
+          return signChainTransfer(wallet, auth, chain)
         }
         if (!card) throw new Error('no card rail')
         const proof = await card.authorize({

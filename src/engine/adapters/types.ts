@@ -58,8 +58,8 @@ export interface Plan {
   fromWallet: boolean
   /** Signs locally and fast (under the agent's lock, stored with the reservation); else a remote rail is asked after reserving. */
   signsLocally: boolean
-  /** MPP: the service can sell a session for later calls. */
-  session?: { ttlSeconds: number | null }
+  /** MPP: the service sells a session for later calls (one negotiation per agent and service). */
+  sellsSession?: boolean
   authorize(input: AuthorizeInput): Promise<StoredAuthorization>
   deliver(req: PayRequest, auth: StoredAuthorization, txId: string): Promise<Delivery>
   settlement(headers: UpstreamResponse['headers']): Settlement | null

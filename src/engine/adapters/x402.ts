@@ -1,9 +1,9 @@
 import { randomBytes } from 'node:crypto'
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../protocols/types.js'
-import { authorizationFor, authorizationJson, choose, detectX402, paymentHeaders, readSettlement, typedData, typedDataDigest } from '../../protocols/x402.js'
+import { authorizationFor, authorizationJson, choose, detectX402, paymentHeaders, readSettlement, transferTypedData, typedData, typedDataDigest } from '../../protocols/x402.js'
 import type { Upstream } from '../upstream.js'
-import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
+import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './types.js'
 
 /** The token's own EIP-712 domain, used when an offer names none. */
 export const TOKEN_DOMAIN = { name: 'USD Coin', version: '2' } as const
@@ -25,6 +25,12 @@ export function eip3009Of(a: StoredAuthorization): Eip3009Authorization {
 
 export function storedEip3009(auth: Eip3009Authorization, signature: `0x${string}`): StoredAuthorization {
   return { ...authorizationJson(auth), signature }
+}
+
+/** Sign `auth` in the configured chain's own token (for offers that name no EIP-712 domain). */
+export function signChainTransfer(wallet: SigningWallet, auth: Eip3009Authorization, chain: PayableChain): StoredAuthorization {
+  const domain = { ...TOKEN_DOMAIN, chainId: chain.chainId, verifyingContract: chain.token }
+  return storedEip3009(auth, wallet.signDigest(typedDataDigest(transferTypedData(auth, domain))))
 }
 
 /** x402 (v1, v2 and the spec's shapes): pay by retrying the request with the payment headers. */
