@@ -133,8 +133,11 @@ export class Chain {
 
       let deployment: Deployment
       if (devnet) {
-        await setNativeBalance(publicClient, signer.address, 10n ** 24n)
-        await setNativeBalance(publicClient, minter!.address, 10n ** 24n)
+        // Topped up only when low: a write here would be journalled on every start and
+        // force a full chain snapshot at every shutdown.
+        for (const a of [signer.address, minter!.address]) {
+          if ((await publicClient.getBalance({ address: a })) < 10n ** 23n) await setNativeBalance(publicClient, a, 10n ** 24n)
+        }
         deployment = await embeddedDeployment(publicClient, walletClient, signer, minter!.address, meta, c.chainId, log)
       } else {
         deployment = { token: c.token!, ledger: c.ledger!, deployedAt: '' }
@@ -212,12 +215,7 @@ async function loadSigner(configured: Hex | null, meta: Collection<unknown>, key
 }
 
 async function setNativeBalance(client: PublicClient, address: Address, wei: bigint): Promise<void> {
-  const params = [address, `0x${wei.toString(16)}`]
-  try {
-    await client.request({ method: 'anvil_setBalance' as never, params: params as never })
-  } catch {
-    await client.request({ method: 'hardhat_setBalance' as never, params: params as never })
-  }
+  await client.request({ method: 'anvil_setBalance' as never, params: [address, `0x${wei.toString(16)}`] as never })
 }
 
 /** Deploy token and ledger once per embedded chain; reuse the stored addresses afterwards. */

@@ -54,7 +54,7 @@ export class LedgerWriter {
     this.fees = { maxFeePerGas: est.maxFeePerGas * 2n, maxPriorityFeePerGas: est.maxPriorityFeePerGas }
   }
 
-  async sign(e: LedgerEntry, nonce: bigint): Promise<{ raw: Hex; hash: Hex }> {
+  sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
     const data = encodeFunctionData({
       ...RECORD,
       args: [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth],

@@ -198,7 +198,7 @@ export class PaymentEngine {
       }
     }
     // The preferred protocol offered only expired challenges: fetch fresh ones rather than fall back.
-    const preferred: ProtocolName = pref === 'mpp' ? 'mpp' : 'x402'
+    const preferred = pickProtocol(pref, ['x402', 'mpp'])!
     if (mayRefetch && expired.has(preferred) && !plans.has(preferred)) return { unpaid: new PaygateError('no_payable_offer', 'expired challenges'), refetch: true }
     const chosen = pickProtocol(pref, [...plans.keys()])
     if (chosen) return { plan: plans.get(chosen)! }
@@ -248,9 +248,8 @@ export class PaymentEngine {
       depth: parent ? parent.depth + 1 : 0,
       offer: plan.offer,
     }
-    const wallet = await this.d.wallets.require(agentId)
     const signer = await this.d.wallets.signer(agentId)
-    const signing = { address: wallet.address as `0x${string}`, signDigest: (d: `0x${string}`) => signer.signDigest65(d) }
+    const signing = { address: signer.address, signDigest: (d: `0x${string}`) => signer.signDigest65(d) }
 
     // Policy, funds, signature and reservation, atomically per agent: one batch writes the
     // hold and the record (with its signed authorization when signing is local) before
@@ -265,7 +264,7 @@ export class PaymentEngine {
       if (plan.fromWallet) {
         // Funds: the on-chain balance less what other in-flight payments have reserved.
         const held = heldAmount(usage)
-        const balance = await this.balances.balance(wallet.address as `0x${string}`, plan.amount, held)
+        const balance = await this.balances.balance(signer.address, plan.amount, held)
         const available = balance - held
         if (available < plan.amount) {
           await this.d.transactions.put({ ...base, status: 'failed', error: 'insufficient_funds' })
@@ -311,7 +310,7 @@ export class PaymentEngine {
           throw err
         }
         const next = { ...rec, authorization, updatedAt: this.d.clock.now() }
-        await this.d.store.batch(this.d.transactions.ops(next, rec))
+        await this.d.transactions.put(next, rec)
         rec = next
       }
       return await this.deliver(req, plan, rec)

@@ -75,13 +75,12 @@ export class Outbox {
   private async flush(): Promise<void> {
     await this.lock.run('nonce', async () => {
       const group = this.queue.splice(0, this.queue.length)
-      if (!group.length) return
       const batch: BatchOp[] = []
       const hashes: Hex[] = []
       let nonce = this.nextNonce
       try {
         for (const g of group) {
-          const signed = await this.writer.sign(g.entry, nonce)
+          const signed = this.writer.sign(g.entry, nonce)
           batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash } })
           batch.push(...g.ops(signed.hash))
           hashes.push(signed.hash)
@@ -96,8 +95,7 @@ export class Outbox {
       this.nextNonce = nonce
       group.forEach((g, i) => g.resolve(hashes[i]!))
     })
-    if (this.queue.length) void this.flush()
-    // A short delay lets a pass send a run of records and find the earlier ones mined,
+    // record() schedules a flush for whatever arrives meanwhile. A short delay lets a pass send a run of records and find the earlier ones mined,
     // instead of one pass (and one receipt miss) per payment on the paid path's loop.
     this.schedule(SEND_DELAY_MS)
   }
@@ -137,6 +135,8 @@ export class Outbox {
       this.sentUpTo = BigInt(e.nonce)
     }
     let left = false
+    // Every confirmation of the pass in one write (they are idempotent: a crash only means the next pass redoes them).
+    const ops: BatchOp[] = []
     for await (const [, e] of this.entries.entries()) {
       const r = await this.writer.receipt(e.hash)
       if (!r) {
@@ -144,14 +144,14 @@ export class Outbox {
         break
       }
       const prev = await this.transactions.get(e.txId)
-      const ops: BatchOp[] = [{ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) }]
+      ops.push({ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) })
       if (prev) {
         const ledger = r.success ? { status: 'confirmed' as const, blockNumber: r.blockNumber } : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted' }
         ops.push(...this.transactions.ops({ ...prev, ledger }, prev))
       }
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
-      await this.store.batch(ops)
     }
+    await this.store.batch(ops)
     if (left) this.schedule(this.pollMs)
   }
 

@@ -1,5 +1,6 @@
 import { formatUnits } from '../util/money.js'
 import { matchesAny } from './domains.js'
+import type { ProtocolName } from '../protocols/types.js'
 import { RATE_WINDOWS, type ProtocolPreference, type StoredPolicy } from './model.js'
 import { heldAmount, paymentsWithin, usedToday, type UsageState } from './usage.js'
 
@@ -65,8 +66,7 @@ export const domainPermitted = (policy: StoredPolicy, host: string): boolean =>
  * Which protocol pays when a 402 offers several in a form Paygate can pay. `auto` and
  * `x402` take x402 when it is payable, else MPP; `mpp` takes MPP when payable, else x402.
  */
-export function pickProtocol<P extends string>(pref: ProtocolPreference, payable: readonly P[]): P | null {
-  const order = pref === 'mpp' ? ['mpp', 'x402'] : ['x402', 'mpp']
-  for (const p of order) if ((payable as readonly string[]).includes(p)) return p as P
-  return payable[0] ?? null
+export function pickProtocol(pref: ProtocolPreference, payable: readonly ProtocolName[]): ProtocolName | null {
+  const order: ProtocolName[] = pref === 'mpp' ? ['mpp', 'x402'] : ['x402', 'mpp']
+  return order.find((p) => payable.includes(p)) ?? null
 }

@@ -44,7 +44,8 @@ export function coversSubdomains(entry: string): boolean {
 
 export function matchesEntry(entry: string, host: string): boolean {
   if (host === entry) return true
-  return coversSubdomains(entry) && host.endsWith(`.${entry}`)
+  // The suffix test first: coversSubdomains parses the entry with the Public Suffix List.
+  return host.endsWith(`.${entry}`) && coversSubdomains(entry)
 }
 
 export const matchesAny = (entries: readonly string[], host: string): boolean => entries.some((e) => matchesEntry(e, host))

@@ -19,12 +19,11 @@ const context = (agentId: string, address: string): string => `wallet:${agentId}
 /**
  * One wallet per agent: a fresh secp256k1 key, stored encrypted. Deleting an agent moves
  * its wallet to an archive (keyed by address) instead of destroying a key that may hold
- * funds. Decrypted signing accounts are kept in memory for the payment hot path.
+ * funds. Decrypted native signers are kept in memory for the payment hot path.
  */
 export class Wallets {
   private readonly wallets: Collection<WalletRecord>
   private readonly archive: Collection<WalletRecord>
-  private readonly accounts = new Map<string, PrivateKeyAccount>()
   private readonly signers = new Map<string, FastSigner>()
   private readonly records = new Map<string, WalletRecord>()
 
@@ -39,7 +38,6 @@ export class Wallets {
     registry.onAgentDelete(async (agentId): Promise<BatchOp[]> => {
       const w = await this.wallets.get(agentId)
       if (!w) return []
-      this.accounts.delete(agentId)
       this.signers.delete(agentId)
       this.records.delete(agentId)
       return [
@@ -61,7 +59,6 @@ export class Wallets {
         createdAt: new Date(this.clock.now()).toISOString(),
       }
       await this.wallets.put(agentId, rec)
-      this.accounts.set(agentId, account)
       return rec
     })
   }
@@ -88,14 +85,11 @@ export class Wallets {
     return { w, pk }
   }
 
-  /** The agent's signing account (viem), decrypted once and cached. */
+  /** The agent's signing account (viem), decrypted on each call: the paid path uses `signer`. */
   async account(agentId: string): Promise<PrivateKeyAccount> {
-    const hit = this.accounts.get(agentId)
-    if (hit) return hit
     const { w, pk } = await this.privateKey(agentId)
     const account = privateKeyToAccount(pk)
     if (account.address !== w.address) throw new PaygateError('internal_error', `stored wallet key of ${agentId} does not match its address`)
-    this.accounts.set(agentId, account)
     return account
   }
 
