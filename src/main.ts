@@ -1,5 +1,4 @@
 import { deployExternal } from './chain/chain.js'
-import { join } from 'node:path'
 import { loadConfig, type Config } from './config/load.js'
 import { PaygateError, isPaygateError } from './errors/index.js'
 import { startGateway } from './gateway.js'
@@ -55,7 +54,7 @@ async function main(): Promise<void> {
   const log = createLogger(config.log.level)
   const gw = await startGateway(config, { log })
   log.info(
-    { api: gw.apiUrl, proxy: gw.proxyUrl, caFile: join(config.certsDir, 'ca.pem'), dataDir: config.dataDir, accountKeyFile: gw.accountKey.file, chainRpc: gw.chain.info.rpcUrl, network: gw.chain.info.network },
+    { api: gw.apiUrl, proxy: gw.proxyUrl, caFile: gw.ca.files.caCert, dataDir: config.dataDir, accountKeyFile: gw.accountKey.file, chainRpc: gw.chain.info.rpcUrl, network: gw.chain.info.network },
     'paygate started',
   )
   if (gw.accountKey.created) {

@@ -1,5 +1,3 @@
-import type { IncomingMessage } from 'node:http'
-import type { Logger } from 'pino'
 import type { Identity } from '../agents/registry.js'
 import { PaygateError } from '../errors/index.js'
 
@@ -18,11 +16,9 @@ export interface Reply {
 }
 
 export interface RouteCtx {
-  req: IncomingMessage
   url: URL
   params: Record<string, string>
   identity: Identity | null
-  log: Logger
   /** The parsed JSON body (`{}` when empty). */
   body(): Promise<unknown>
 }

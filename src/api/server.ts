@@ -34,7 +34,7 @@ export function createApiServer(deps: ApiDeps): Server {
   const access = unredacted(log)
 
   /** `seen` collects the caller's identity for the access log, also when the handler fails. */
-  async function handle(req: IncomingMessage, url: URL, reqLog: Logger, seen: { identity: Identity | null }): Promise<Reply> {
+  async function handle(req: IncomingMessage, url: URL, seen: { identity: Identity | null }): Promise<Reply> {
     const match = router.match(req.method ?? 'GET', url.pathname)
     if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
     if ('allow' in match) {
@@ -58,11 +58,9 @@ export function createApiServer(deps: ApiDeps): Server {
     }
     let parsed: Promise<unknown> | undefined
     return route.handler({
-      req,
       url,
       params,
       identity: seen.identity,
-      log: reqLog,
       body: () => (parsed ??= readJsonBody(req, maxBodyBytes)),
     })
   }
@@ -77,7 +75,7 @@ export function createApiServer(deps: ApiDeps): Server {
       return
     }
     const seen: { identity: Identity | null } = { identity: null }
-    handle(req, url, log, seen)
+    handle(req, url, seen)
       .then(
         (reply) => reply,
         (e: unknown) => {

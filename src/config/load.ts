@@ -198,7 +198,7 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
     }
     case 'secret':
     case 'string': {
-      if (typeof v !== 'string') return [undefined, spec.kind === 'secret' ? 'a string' : 'a string']
+      if (typeof v !== 'string') return [undefined, 'a string']
       const why = spec.check?.(v) ?? null
       return why ? [undefined, why] : [v, null]
     }

@@ -9,14 +9,14 @@ export interface StoredResult {
   result: unknown
 }
 
-/** Canonical digest of a logical request: same target, method, headers and body. */
-export function requestDigest(parts: { url: string; method: string; headers: Record<string, string>; body: Buffer | null }): string {
+/** Canonical digest of a logical request: same target, method, headers, body and parent. */
+export function requestDigest(parts: { url: string; method: string; headers: Record<string, string>; body: Buffer | null; parentTxHash?: string }): string {
   const h = createHash('sha256')
   h.update(`${parts.method.toUpperCase()} ${parts.url}\n`)
   for (const k of Object.keys(parts.headers).sort()) h.update(`${k.toLowerCase()}: ${parts.headers[k]}\n`)
   h.update('\n')
   if (parts.body) h.update(parts.body)
-  return h.digest('hex')
+  return h.digest('hex') + (parts.parentTxHash ?? '')
 }
 
 /**
@@ -36,24 +36,27 @@ export class Idempotency {
     this.results = store.collection('idempotency')
   }
 
-  async run<T>(agentId: string, key: string, hash: string, fn: () => Promise<T>, toStored: (r: T) => unknown, fromStored: (s: unknown) => T): Promise<T> {
+  /** `fn`'s result must be plain JSON; a stored definite error is thrown again on replay. */
+  async run<T>(agentId: string, key: string, hash: string, fn: () => Promise<T>): Promise<T> {
     const k = `${agentId}\x00${key}`
     const running = this.inflight.get(k)
     if (running) {
       if (running.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey is in use by a different request')
       await running.done.catch(() => undefined)
-      return this.run(agentId, key, hash, fn, toStored, fromStored)
+      return this.run(agentId, key, hash, fn)
     }
     // Claim the key before the first await, so a racing call with the same key waits for this one.
     const done = (async () => {
       const stored = await this.results.get(k)
       if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
         if (stored.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey was used with a different request')
-        return fromStored(stored.result)
+        const err = storedError(stored.result)
+        if (err) throw err
+        return stored.result as T
       }
       try {
         const r = await fn()
-        await this.results.put(k, { hash, createdAt: this.clock.now(), result: toStored(r) })
+        await this.results.put(k, { hash, createdAt: this.clock.now(), result: r })
         return r
       } catch (e) {
         // A definite answer is a result too (a rejection, a failed payment whose reservation may
@@ -87,10 +90,10 @@ export class Idempotency {
     timer.unref()
     return () => clearInterval(timer)
   }
+}
 
-  /** Rebuild a stored client error. */
-  static storedError(s: unknown): PaygateError | null {
-    const e = (s as { error?: { code: string; detail: string; extra: Record<string, unknown> } }).error
-    return e ? new PaygateError(e.code as never, e.detail, e.extra) : null
-  }
+/** Rebuild a stored client error. */
+function storedError(s: unknown): PaygateError | null {
+  const e = (s as { error?: { code: string; detail: string; extra: Record<string, unknown> } }).error
+  return e ? new PaygateError(e.code as never, e.detail, e.extra) : null
 }

@@ -19,9 +19,9 @@ import { randomBase62 } from '../util/random.js'
  * new leaf costs well under a millisecond. Leaves are cached per host (LRU).
  */
 
-export const CA_KEY_FILE = 'ca.key'
-export const CA_CERT_FILE = 'ca.pem'
-export const LEAF_KEY_FILE = 'leaf.key'
+const CA_KEY_FILE = 'ca.key'
+const CA_CERT_FILE = 'ca.pem'
+const LEAF_KEY_FILE = 'leaf.key'
 
 const HOUR = 3_600_000
 const DAY = 24 * HOUR
@@ -177,7 +177,7 @@ export class CertificateAuthority {
       writeAtomic(files.caKey, caKey.export({ type: 'pkcs8', format: 'pem' }) as string, 0o600)
       writeAtomic(files.caCert, certPem, 0o644)
     } else {
-      caKey = readRsaKey(files.caKey, `the CA key ${files.caKey}`, opts.log)
+      caKey = readRsaKey(files.caKey, `the CA key ${files.caKey}`, opts.log).key
       certPem = readText(files.caCert, `the CA certificate ${files.caCert}`)
     }
     const { x509: caX509, forgeCert: caForge } = parseCa(certPem, caKey, files, clock.now())
@@ -189,8 +189,7 @@ export class CertificateAuthority {
       leafKeyPem = leafKey.export({ type: 'pkcs8', format: 'pem' }) as string
       writeAtomic(files.leafKey, leafKeyPem, 0o600)
     } else {
-      leafKey = readRsaKey(files.leafKey, `the leaf key ${files.leafKey}`, opts.log)
-      leafKeyPem = readText(files.leafKey, `the leaf key ${files.leafKey}`)
+      ;({ key: leafKey, pem: leafKeyPem } = readRsaKey(files.leafKey, `the leaf key ${files.leafKey}`, opts.log))
     }
 
     const ca = new CertificateAuthority({ certPem, caKey, caX509, caForge, leafKeyPem, leafKey, files, created, clock, capacity })
@@ -350,7 +349,7 @@ function readText(file: string, what: string): string {
   }
 }
 
-function readRsaKey(file: string, what: string, log: Logger | undefined): KeyObject {
+function readRsaKey(file: string, what: string, log: Logger | undefined): { key: KeyObject; pem: string } {
   const text = readText(file, what)
   let key: KeyObject
   try {
@@ -361,7 +360,7 @@ function readRsaKey(file: string, what: string, log: Logger | undefined): KeyObj
   if (key.asymmetricKeyType !== 'rsa') throw new PaygateError('invalid_config', `${what} is a ${key.asymmetricKeyType ?? 'unknown'} key; Paygate needs an RSA key`)
   const mode = statSync(file).mode & 0o777
   if (mode & 0o077) log?.warn({ file, mode: mode.toString(8) }, 'a private key file is readable by other users; chmod 600 it')
-  return key
+  return { key, pem: text }
 }
 
 /** Write through a temp file and rename, so a crash never leaves half a key. */

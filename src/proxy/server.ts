@@ -4,8 +4,8 @@ import { Duplex, Readable } from 'node:stream'
 import { TLSSocket } from 'node:tls'
 import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
-import type { PaymentEngine, PayOutcome } from '../engine/engine.js'
-import { Idempotency, requestDigest } from '../engine/idempotency.js'
+import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
+import { requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { readBody, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { unredacted, type Logger } from '../log/index.js'
@@ -292,8 +292,7 @@ export class ProxyServer {
   }
 
   /** With X-Paygate-Idempotency-Key: the answer is kept (bounded) and replayed; never a second payment. */
-  private async idempotent(agentId: string, key: string, p: Parameters<PaymentEngine['pay']>[0]): Promise<PayOutcome> {
-    const digest = requestDigest({ url: p.url, method: p.method, headers: p.headers, body: p.body }) + (p.parentTxHash ?? '')
+  private async idempotent(agentId: string, key: string, p: PayRequest): Promise<PayOutcome> {
     type Stored = {
       status: number
       headers: Record<string, string | string[] | undefined>
@@ -308,29 +307,18 @@ export class ProxyServer {
         : null,
       ...(s.session ? { session: { protocol: 'mpp' as const } } : {}),
     })
-    const stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(
-      agentId,
-      key,
-      digest,
-      async () => {
-        const out = await this.d.engine.pay(p)
-        const body = await readBody(out.response.body, MAX_IDEMPOTENT_BODY)
-        return {
-          status: out.response.status,
-          headers: out.response.headers,
-          body: body.toString('base64'),
-          payment: out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString(), protocol: out.payment.protocol, rail: out.payment.rail } : null,
-          ...(out.session ? { session: true } : {}),
-          ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
-        }
-      },
-      (r) => r,
-      (s) => {
-        const err = Idempotency.storedError(s)
-        if (err) throw err
-        return s as Stored
-      },
-    )
+    const stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, requestDigest(p), async () => {
+      const out = await this.d.engine.pay(p)
+      const body = await readBody(out.response.body, MAX_IDEMPOTENT_BODY)
+      return {
+        status: out.response.status,
+        headers: out.response.headers,
+        body: body.toString('base64'),
+        payment: out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString(), protocol: out.payment.protocol, rail: out.payment.rail } : null,
+        ...(out.session ? { session: true } : {}),
+        ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
+      }
+    })
     const out = toOutcome(stored)
     return stored.unpaid ? { ...out, unpaid: new PaygateError(stored.unpaid as never, 'unpaid 402') } : out
   }

@@ -1,8 +1,8 @@
 import type { PaymentEngine } from '../../engine/engine.js'
-import { Idempotency, requestDigest } from '../../engine/idempotency.js'
+import { requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { readBody } from '../../engine/upstream.js'
 import { PaygateError, invalid } from '../../errors/index.js'
-import { toUsdcNumber } from '../../util/money.js'
+import { usdc } from '../../util/money.js'
 import { validateAgentId } from '../../agents/registry.js'
 import { onlyFields } from '../http.js'
 import { requireAgentAccess, type Reply, type Route } from '../router.js'
@@ -94,7 +94,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
       status: 200,
       body: {
         protocol: pay?.protocol ?? out.session?.protocol ?? null,
-        amountPaid: { usdc: pay ? toUsdcNumber(pay.amount) : 0 },
+        amountPaid: usdc(pay?.amount ?? 0n),
         txHash: pay?.txHash ?? null,
         status: out.response.status,
         data,
@@ -112,19 +112,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         const p = parsePay(await ctx.body())
         requireAgentAccess(ctx.identity, p.agentId)
         if (!p.idempotencyKey) return run(p)
-        const digest = requestDigest({ url: p.url, method: p.method, headers: p.headers, body: p.body }) + (p.parentTxHash ?? '')
-        return idem.run(
-          p.agentId,
-          p.idempotencyKey,
-          digest,
-          () => run(p),
-          (r) => r,
-          (s) => {
-            const err = Idempotency.storedError(s)
-            if (err) throw err
-            return s as Reply
-          },
-        )
+        return idem.run(p.agentId, p.idempotencyKey, requestDigest(p), () => run(p))
       },
     },
   ]
