@@ -5,6 +5,14 @@ export interface Clock {
 
 export const systemClock: Clock = { now: () => Date.now() }
 
+/** Wall time plus an offset a test moves: windows and expiries without sleeping, while a chain keeps real time. */
+export class OffsetClock implements Clock {
+  offset = 0
+  now(): number {
+    return Date.now() + this.offset
+  }
+}
+
 /** A clock tests move by hand. */
 export class ManualClock implements Clock {
   constructor(private t = Date.parse('2026-01-01T00:00:00Z')) {}

@@ -1,16 +1,9 @@
 import t from 'tap'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import type { Clock } from '../../src/util/clock.js'
+import { OffsetClock } from '../../src/util/clock.js'
 import { startTestGateway } from '../helpers/gateway.js'
 import { startV2Merchant } from '../helpers/merchants.js'
 
-/** Wall time plus an offset the test moves: budget windows without sleeping, while the chain keeps real time. */
-class OffsetClock implements Clock {
-  offset = 0
-  now(): number {
-    return Date.now() + this.offset
-  }
-}
 
 t.test('the daily budget period starts at the first payment and resets 24 h later', async (t) => {
   const clock = new OffsetClock()

@@ -137,11 +137,11 @@ t.teardown(async () => {
   t.comment(`merchants self-test: ${Date.now() - started} ms in all`)
 })
 
-const kinds: Array<{ name: string; label: string; start: (o: MerchantOptions) => Promise<Merchant>; settlementHeader: string }> = [
-  { name: 'official v2 (@x402/express)', label: 'v2', start: startV2Merchant, settlementHeader: 'payment-response' },
-  { name: 'official v1 (x402-express)', label: 'v1', start: startV1Merchant, settlementHeader: 'x-payment-response' },
-  { name: 'spec simple shape, v,r,s settlement', label: 'spec', start: (o) => startSpecMerchant({ ...o, shape: 'simple', signatureForm: 'vrs' }), settlementHeader: 'x-payment-response' },
-  { name: 'spec accepts shape, bytes settlement', label: 'spec', start: (o) => startSpecMerchant({ ...o, shape: 'accepts', signatureForm: 'bytes' }), settlementHeader: 'x-payment-response' },
+const kinds: Array<{ name: string; label: string; shape: string; start: (o: MerchantOptions) => Promise<Merchant>; settlementHeader: string }> = [
+  { name: 'official v2 (@x402/express)', label: 'v2', shape: 'x402-v2', start: startV2Merchant, settlementHeader: 'payment-response' },
+  { name: 'official v1 (x402-express)', label: 'v1', shape: 'x402-v1', start: startV1Merchant, settlementHeader: 'x-payment-response' },
+  { name: 'spec simple shape, v,r,s settlement', label: 'spec', shape: 'spec-simple', start: (o) => startSpecMerchant({ ...o, shape: 'simple', signatureForm: 'vrs' }), settlementHeader: 'x-payment-response' },
+  { name: 'spec accepts shape, bytes settlement', label: 'spec', shape: 'spec-accepts', start: (o) => startSpecMerchant({ ...o, shape: 'accepts', signatureForm: 'bytes' }), settlementHeader: 'x-payment-response' },
 ]
 
 for (const k of kinds) {
@@ -157,7 +157,7 @@ for (const k of kinds) {
     const url = `${m.url}/paid`
     const p0 = await balanceOf(payer.address)
     const { offer, headers } = await signedPayment(url)
-    t.ok(offer.shape, `offer shape ${offer.shape}, network ${offer.network}`)
+    t.equal(offer.shape, k.shape, `offer shape ${offer.shape}, network ${offer.network}`)
     const t0 = Date.now()
     const paid = await send(url, {}, headers)
     const paidMs = Date.now() - t0

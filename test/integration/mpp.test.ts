@@ -5,17 +5,9 @@ import { ProxyAgent, request } from 'undici'
 import { paygateUsdcAbi, paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { viemChain } from '../../src/chain/chain.js'
 import type { Rail, RailCharge } from '../../src/engine/rails.js'
-import type { Clock } from '../../src/util/clock.js'
+import { OffsetClock } from '../../src/util/clock.js'
 import { startTestGateway } from '../helpers/gateway.js'
 import { startFakeCardProvider, startMppMerchant, type MppMerchant, type MppMerchantOptions } from '../helpers/mpp-merchant.js'
-
-/** Wall time plus an offset the test moves: session expiry without sleeping. */
-class OffsetClock implements Clock {
-  offset = 0
-  now(): number {
-    return Date.now() + this.offset
-  }
-}
 
 const clock = new OffsetClock()
 const card = await startFakeCardProvider({ key: 'card-secret-key' })

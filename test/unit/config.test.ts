@@ -74,6 +74,7 @@ t.test('bad values stop the start naming key, value and what is allowed', async 
   // A secret's value never appears in the message.
   try {
     loadConfig({ env: { PAYGATE_MASTER_KEY: 'supersecretmaterial' } })
+    t.fail('an invalid master key must be refused')
   } catch (e) {
     t.notMatch((e as Error).message, /supersecretmaterial/)
   }

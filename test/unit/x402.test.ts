@@ -16,6 +16,7 @@ import {
   readSettlement,
   sameOrigin,
   typedData,
+  typedDataDigest,
 } from '../../src/protocols/x402.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../src/protocols/types.js'
 import { PaygateError } from '../../src/errors/index.js'
@@ -536,15 +537,12 @@ t.test('readSettlement never throws', async (t) => {
 })
 
 t.test('typedDataDigest equals viem hashTypedData', async (t) => {
-  const { hashTypedData } = await import('viem')
-  const { typedDataDigest, typedData: td, TRANSFER_WITH_AUTHORIZATION_TYPES: _types } = await import('../../src/protocols/x402.js')
-  void _types
   const offer = {
     protocol: 'x402', shape: 'x402-v2', scheme: 'exact', network: 'eip155:8453', asset: '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913', amount: 12345n,
     payTo: '0x000000000000000000000000000000000000dEaD', resource: null, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' }, raw: {}, envelope: null, index: 0,
   } as const
   for (const [chainId, nonceByte, value] of [[8453, '11', 1n], [31337, 'ab', 10n ** 30n], [84532, '00', 0n]] as const) {
-    const data = td(offer as never, {
+    const data = typedData(offer as never, {
       from: '0x1111111111111111111111111111111111111111', to: offer.payTo, value, validAfter: 5n, validBefore: 1_900_000_000n, nonce: `0x${nonceByte.repeat(32)}`,
     }, chainId, { name: 'USD Coin', version: '2' })
     t.equal(typedDataDigest(data), hashTypedData(data), `chain ${chainId}`)
