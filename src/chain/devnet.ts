@@ -462,6 +462,13 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   try {
     /** hash -> the journal line that sent it, for txs acknowledged but not yet mined */
     const pending = new Map<string, string>()
+    /** Forget pending txs that are mined (or gone), asking the node for each. */
+    const dropMined = async (): Promise<void> => {
+      for (const h of [...pending.keys()]) {
+        const tx = (await raw('eth_getTransactionByHash', [h])) as { blockNumber?: string | null } | null
+        if (!tx || tx.blockNumber) pending.delete(h)
+      }
+    }
     let blocks = 0
     let tailEntries = 0
     let tailCostMs = 0 // estimated time to replay the current journal tail
@@ -503,10 +510,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       }
     }
     if (failures) log('journal replay finished with failures', { failures })
-    for (const h of [...pending.keys()]) {
-      const tx = (await raw('eth_getTransactionByHash', [h])) as { blockNumber?: string | null } | null
-      if (!tx || tx.blockNumber) pending.delete(h)
-    }
+    await dropMined()
     const replayMs = performance.now() - tReplay
 
     // chain-time: explicit-timestamp mines during replay moved anvil's offset; put it back
@@ -546,10 +550,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       const n = Number(b.number)
       if (n - blocks > 1) {
         // several blocks (anvil_mine): reconcile pending txs by asking
-        for (const h of [...pending.keys()]) {
-          const tx = (await raw('eth_getTransactionByHash', [h])) as { blockNumber?: string | null } | null
-          if (!tx || tx.blockNumber) pending.delete(h)
-        }
+        await dropMined()
       }
       blocks = n
       for (const h of b.transactions) pending.delete(h.toLowerCase())
@@ -580,10 +581,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     const snapshot = async (): Promise<void> => {
       const t = performance.now()
       if (pending.size) await mineLocked() // the dump holds no mempool
-      for (const h of [...pending.keys()]) {
-        const tx = (await raw('eth_getTransactionByHash', [h])) as { blockNumber?: string | null } | null
-        if (!tx || tx.blockNumber) pending.delete(h)
-      }
+      await dropMined()
       const state = (await raw('anvil_dumpState')) as string
       const next = gen + 1
       // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)

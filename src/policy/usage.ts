@@ -25,11 +25,11 @@ export interface UsageState {
    */
   payments: number[]
   /** Payments per minute `[minuteStartMs, count]` for the trailing hour (`usedThisHour`). */
-  perMinute?: [number, number][]
+  perMinute?: Buckets
   /** Reservations of payments in flight. */
   holds?: Hold[]
   /** Calls served under an MPP session (no payment): a running total and `[hourStartMs, count]` for the trailing 24 h. */
-  sessionCalls?: { total: number; hours: [number, number][] }
+  sessionCalls?: { total: number; hours: Buckets }
 }
 
 export const emptyUsage = (): UsageState => ({ periodStart: null, spent: '0', payments: [] })
@@ -41,9 +41,24 @@ export const usedToday = (u: UsageState, now: number): bigint => (periodActive(u
 
 export const heldAmount = (u: UsageState): bigint => (u.holds ?? []).reduce((s, h) => s + BigInt(h.amount), 0n)
 
+type Buckets = [number, number][]
+
+/** Count one event at `now` in `[startMs, count]` buckets of `sizeMs`, dropping buckets older than `horizonMs`. */
+function bump(buckets: Buckets | undefined, now: number, sizeMs: number, horizonMs: number): Buckets {
+  const start = now - (now % sizeMs)
+  const kept = (buckets ?? []).filter(([b]) => b > now - horizonMs)
+  const last = kept[kept.length - 1]
+  if (last && last[0] === start) kept[kept.length - 1] = [start, last[1] + 1]
+  else kept.push([start, 1])
+  return kept
+}
+
+/** Events counted in the buckets of the trailing `horizonMs`. */
+const sumWithin = (buckets: Buckets | undefined, now: number, horizonMs: number): number =>
+  (buckets ?? []).reduce((n, [b, c]) => (b > now - horizonMs && b <= now ? n + c : n), 0)
+
 /** Payment calls in the trailing 60 minutes, to the minute. */
-export const paymentsThisHour = (u: UsageState, now: number): number =>
-  (u.perMinute ?? []).reduce((n, [m, c]) => (m > now - HOUR_MS && m <= now ? n + c : n), 0)
+export const paymentsThisHour = (u: UsageState, now: number): number => sumWithin(u.perMinute, now, HOUR_MS)
 
 /** Payments made in the trailing window ending at `now` (exact, from the kept timestamps). */
 export const paymentsWithin = (u: UsageState, now: number, windowMs: number): number => {
@@ -67,11 +82,7 @@ export function commit(u: UsageState, id: string, now: number, keep: number): Us
   const h = (u.holds ?? []).find((x) => x.id === id)
   if (!h) return u
   const active = periodActive(u, now)
-  const minute = now - (now % 60_000)
-  const perMinute = (u.perMinute ?? []).filter(([m]) => m > now - HOUR_MS)
-  const last = perMinute[perMinute.length - 1]
-  if (last && last[0] === minute) perMinute[perMinute.length - 1] = [minute, last[1] + 1]
-  else perMinute.push([minute, 1])
+  const perMinute = bump(u.perMinute, now, 60_000, HOUR_MS)
   const recent = [...u.payments.filter((t) => t > now - DAY_MS), now]
   return {
     periodStart: active ? u.periodStart : now,
@@ -85,16 +96,11 @@ export function commit(u: UsageState, id: string, now: number, keep: number): Us
 
 /** Count one call served under an MPP session (no budget, no payment). */
 export function countSessionCall(u: UsageState, now: number): UsageState {
-  const hour = now - (now % HOUR_MS)
-  const hours = (u.sessionCalls?.hours ?? []).filter(([h]) => h > now - DAY_MS)
-  const last = hours[hours.length - 1]
-  if (last && last[0] === hour) hours[hours.length - 1] = [hour, last[1] + 1]
-  else hours.push([hour, 1])
-  return { ...u, sessionCalls: { total: (u.sessionCalls?.total ?? 0) + 1, hours } }
+  return { ...u, sessionCalls: { total: (u.sessionCalls?.total ?? 0) + 1, hours: bump(u.sessionCalls?.hours, now, HOUR_MS, DAY_MS) } }
 }
 
 /** Session calls in the trailing 24 h (to the hour) and in total. */
 export const sessionCallsOf = (u: UsageState, now: number): { total: number; last24h: number } => ({
   total: u.sessionCalls?.total ?? 0,
-  last24h: (u.sessionCalls?.hours ?? []).reduce((n, [h, c]) => (h > now - DAY_MS && h <= now ? n + c : n), 0),
+  last24h: sumWithin(u.sessionCalls?.hours, now, DAY_MS),
 })
