@@ -18,8 +18,8 @@ export interface GatewayProcess {
 }
 
 /** Run `paygate start` as a real child process and wait until it prints its API address. */
-export async function spawnGateway(env: Record<string, string>, args: string[] = []): Promise<GatewayProcess> {
-  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
+export async function spawnGateway(env: Record<string, string>, args: string[] = [], nodeArgs: string[] = []): Promise<GatewayProcess> {
+  const proc = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', 'src/main.ts', ...args], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', ...certsIn(env), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
