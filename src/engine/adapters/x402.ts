@@ -1,14 +1,15 @@
-import { randomBytes } from 'node:crypto'
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../protocols/types.js'
 import { authorizationFor, authorizationJson, choose, detectX402, paymentHeaders, readSettlement, transferTypedData, typedData, typedDataDigest } from '../../protocols/x402.js'
 import type { Upstream } from '../upstream.js'
+import { randomHex } from '../../util/random.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './types.js'
 
 /** The token's own EIP-712 domain, used when an offer names none. */
 export const TOKEN_DOMAIN = { name: 'USD Coin', version: '2' } as const
 
-export const newNonce = (): `0x${string}` => `0x${randomBytes(32).toString('hex')}`
+/** The EIP-3009 nonce: 32 bytes from the pooled CSPRNG. */
+export const newNonce = (): `0x${string}` => `0x${randomHex(32)}`
 
 /** Rebuild the EIP-3009 message from its stored form. */
 export function eip3009Of(a: StoredAuthorization): Eip3009Authorization {
