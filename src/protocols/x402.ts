@@ -25,6 +25,7 @@
 import { getAddress, isAddress, type TypedDataDefinition } from 'viem'
 import { keccak256 } from '../crypto/keccak.js'
 import { PaygateError } from '../errors/index.js'
+import { deepFreeze, Lru } from '../util/lru.js'
 import type {
   Address,
   Detection,
@@ -136,10 +137,8 @@ export function decodeBase64Json(value: string): unknown {
 /** Standard padded base64 of UTF-8 JSON, as the official packages send it. */
 export const encodeBase64Json = (value: unknown): string => Buffer.from(JSON.stringify(value), 'utf8').toString('base64')
 
-function parseBody(body: Buffer): { json: unknown } | { problem: string } | null {
-  if (body.length === 0) return null
-  if (body.length > MAX_BODY_BYTES) return { problem: `body of ${body.length} bytes not parsed` }
-  const text = body.toString('utf8').replace(/^\uFEFF/, '').trim()
+function parseBodyText(raw: string): { json: unknown } | { problem: string } | null {
+  const text = raw.replace(/^\uFEFF/, '').trim()
   if (!text.startsWith('{')) return null
   try {
     return { json: JSON.parse(text) as unknown }
@@ -307,61 +306,122 @@ const looksSimple = (b: Json): boolean =>
   ('token' in b || 'payTo' in b) && 'amount' in b && !isObject(b.amount) && ('scheme' in b || 'network' in b)
 
 /**
+ * What one PAYMENT-REQUIRED value or one body says on its own: a pure function of that
+ * text, so it is cached (a merchant sends the same challenge on every 402). Cached
+ * readings are deep-frozen: offers are shared between calls and must not change.
+ */
+interface Reading {
+  readonly offers: readonly Offer[]
+  readonly problems: readonly Problem[]
+  readonly recognized: boolean
+  /** A v2 PaymentRequired object (a body one is skipped when a header gave one). */
+  readonly v2: boolean
+}
+
+const NOTHING: Reading = Object.freeze({ offers: Object.freeze([]), problems: Object.freeze([]), recognized: false, v2: false })
+/** Readings kept per kind; texts longer than MAX_CACHED_TEXT are read every time (bounds memory). */
+const CACHE_ENTRIES = 256
+const MAX_CACHED_TEXT = 8 * 1024
+const headerReadings = new Lru<string, Reading>(CACHE_ENTRIES)
+const bodyReadings = new Lru<string, Reading>(CACHE_ENTRIES)
+
+function cachedReading(cache: Lru<string, Reading>, text: string, read: (text: string) => Reading): Reading {
+  if (text.length > MAX_CACHED_TEXT) return read(text)
+  let r = cache.get(text)
+  if (!r) {
+    r = deepFreeze(read(text))
+    cache.set(text, r)
+  }
+  return r
+}
+
+function readHeaderValue(value: string): Reading {
+  const out: Collector = { offers: [], problems: [] }
+  let v2 = false
+  let obj: unknown
+  try {
+    obj = decodeBase64Json(value)
+  } catch (e) {
+    out.problems.push({ shape: 'x402-v2', message: `PAYMENT-REQUIRED header ${messageOf(e)}` })
+    return { ...out, recognized: true, v2 }
+  }
+  if (!isObject(obj)) {
+    out.problems.push({ shape: 'x402-v2', message: 'PAYMENT-REQUIRED header is not a JSON object' })
+  } else if (obj.x402Version === 2) {
+    v2 = true
+    readV2(obj, out)
+  } else if (obj.x402Version === 1) {
+    readEntries(obj.accepts, { shape: 'x402-v1', envelope: null }, out)
+  } else {
+    out.problems.push({ shape: 'x402-v2', message: `unsupported x402Version ${JSON.stringify(obj.x402Version)}` })
+  }
+  return { ...out, recognized: true, v2 }
+}
+
+function readBodyText(raw: string): Reading {
+  const parsed = parseBodyText(raw)
+  if (parsed === null) return NOTHING
+  const out: Collector = { offers: [], problems: [] }
+  if ('problem' in parsed) {
+    out.problems.push({ shape: 'body', message: parsed.problem })
+    return { ...out, recognized: false, v2: false }
+  }
+  if (!isObject(parsed.json)) return NOTHING
+  const body = parsed.json
+  if ('x402Version' in body) {
+    if (body.x402Version === 1) readEntries(body.accepts, { shape: 'x402-v1', envelope: null }, out)
+    else if (body.x402Version === 2) {
+      readV2(body, out)
+      return { ...out, recognized: true, v2: true }
+    } else out.problems.push({ shape: 'x402-v1', message: `unsupported x402Version ${JSON.stringify(body.x402Version)}` })
+    return { ...out, recognized: true, v2: false }
+  }
+  if ('accepts' in body) {
+    readEntries(body.accepts, { shape: 'spec-accepts', envelope: null }, out)
+    return { ...out, recognized: true, v2: false }
+  }
+  if (looksSimple(body)) {
+    try {
+      out.offers.push(readEntry(body, { shape: 'spec-simple', index: 0, envelope: null }))
+    } catch (e) {
+      out.problems.push({ shape: 'spec-simple', index: 0, message: messageOf(e) })
+    }
+    return { ...out, recognized: true, v2: false }
+  }
+  return NOTHING
+}
+
+function readBody(body: Buffer): Reading {
+  if (body.length === 0) return NOTHING
+  if (body.length > MAX_BODY_BYTES) return { offers: [], problems: [{ shape: 'body', message: `body of ${body.length} bytes not parsed` }], recognized: false, v2: false }
+  return cachedReading(bodyReadings, body.toString('utf8'), readBodyText)
+}
+
+/**
  * Every x402 offer in an answer (normally a 402), in all four shapes. A broken entry or
  * header becomes a `problem` and never hides a good offer elsewhere. Order: v2 header,
- * then body shapes, each in entry order.
+ * then body shapes, each in entry order. Offers are frozen (shared with later calls).
  */
 export function detectX402(answer: HttpAnswer): Detection {
-  const out: Collector = { offers: [], problems: [] }
+  const offers: Offer[] = []
+  const problems: Problem[] = []
   let recognized = false
   let v2FromHeader = false
-
   for (const value of headerValues(answer.headers, 'payment-required')) {
-    let obj: unknown
-    try {
-      obj = decodeBase64Json(value)
-    } catch (e) {
-      recognized = true
-      out.problems.push({ shape: 'x402-v2', message: `PAYMENT-REQUIRED header ${messageOf(e)}` })
-      continue
-    }
-    recognized = true
-    if (!isObject(obj)) {
-      out.problems.push({ shape: 'x402-v2', message: 'PAYMENT-REQUIRED header is not a JSON object' })
-    } else if (obj.x402Version === 2) {
-      v2FromHeader = true
-      readV2(obj, out)
-    } else if (obj.x402Version === 1) {
-      readEntries(obj.accepts, { shape: 'x402-v1', envelope: null }, out)
-    } else {
-      out.problems.push({ shape: 'x402-v2', message: `unsupported x402Version ${JSON.stringify(obj.x402Version)}` })
-    }
+    const r = cachedReading(headerReadings, value, readHeaderValue)
+    offers.push(...r.offers)
+    problems.push(...r.problems)
+    recognized ||= r.recognized
+    v2FromHeader ||= r.v2
   }
-
-  const parsed = parseBody(answer.body)
-  if (parsed && 'problem' in parsed) {
-    out.problems.push({ shape: 'body', message: parsed.problem })
-  } else if (parsed && isObject(parsed.json)) {
-    const body = parsed.json
-    if ('x402Version' in body) {
-      recognized = true
-      if (body.x402Version === 1) readEntries(body.accepts, { shape: 'x402-v1', envelope: null }, out)
-      else if (body.x402Version === 2) {
-        if (!v2FromHeader) readV2(body, out)
-      } else out.problems.push({ shape: 'x402-v1', message: `unsupported x402Version ${JSON.stringify(body.x402Version)}` })
-    } else if ('accepts' in body) {
-      recognized = true
-      readEntries(body.accepts, { shape: 'spec-accepts', envelope: null }, out)
-    } else if (looksSimple(body)) {
-      recognized = true
-      try {
-        out.offers.push(readEntry(body, { shape: 'spec-simple', index: 0, envelope: null }))
-      } catch (e) {
-        out.problems.push({ shape: 'spec-simple', index: 0, message: messageOf(e) })
-      }
-    }
+  const b = readBody(answer.body)
+  recognized ||= b.recognized
+  // A v2 body only stands in for a missing or unusable header.
+  if (!(b.v2 && v2FromHeader)) {
+    offers.push(...b.offers)
+    problems.push(...b.problems)
   }
-  return { offers: out.offers, problems: out.problems, recognized }
+  return { offers, problems, recognized }
 }
 
 // ---------------------------------------------------------------------------

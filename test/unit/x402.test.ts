@@ -314,6 +314,46 @@ t.test('several shapes in one answer are all read, v2 header first', async (t) =
   t.same(detectX402(answer(body, { 'payment-required': b64(v2Required([v2Entry()])) })).offers.length, 1)
 })
 
+t.test('readings are cached per header value and body, frozen, and never shared as arrays', async (t) => {
+  const header = b64(v2Required([v2Entry({ amount: '7' }), v2Entry({ amount: '8', extra: { name: 'X', version: '1' } })], { extensions: { k: { v: 1 } } }))
+  const a1 = detectX402(answer({}, { 'payment-required': header }))
+  const a2 = detectX402(answer({}, { 'payment-required': header }))
+  t.same(a1, a2, 'the same reading again')
+  t.equal(a1.offers[0], a2.offers[0], 'the second call is served from the cache')
+  t.not(a1.offers, a2.offers, 'each call gets its own arrays')
+  a1.offers.pop()
+  a1.problems.push({ shape: 'x', message: 'added by a caller' })
+  const a3 = detectX402(answer({}, { 'payment-required': header }))
+  t.equal(a3.offers.length, 2, 'a caller changing its arrays changes no later reading')
+  t.same(a3.problems, [])
+
+  // Cached offers cannot be altered by anyone (ESM code is strict: writes throw).
+  const o = a3.offers[1]!
+  t.throws(() => ((o as { amount: bigint }).amount = 1n), TypeError)
+  t.throws(() => ((o.extra as { name?: string }).name = 'Y'), TypeError)
+  t.throws(() => ((o.raw as { payTo: string }).payTo = OTHER), TypeError)
+  t.throws(() => (((o.envelope as { extensions: { k: { v: number } } }).extensions.k.v = 2)), TypeError)
+  t.equal(detectX402(answer({}, { 'payment-required': header })).offers[1]?.amount, 8n)
+
+  // Bodies too; a cached v2 body still yields to a v2 header.
+  const body = v2Required([v2Entry({ amount: '3' })])
+  const b1 = detectX402(answer(body))
+  t.equal(detectX402(answer(body)).offers[0], b1.offers[0])
+  t.same(detectX402(answer(body, { 'payment-required': header })).offers.map((x) => x.amount), [7n, 8n])
+  t.same(detectX402(answer(body)).offers.map((x) => x.amount), [3n])
+
+  // Problems are cached with their reading.
+  const bad = detectX402(answer({ x402Version: 1, accepts: [v1Entry({ payTo: null })] }))
+  t.same(detectX402(answer({ x402Version: 1, accepts: [v1Entry({ payTo: null })] })), bad)
+
+  // Many distinct challenges: the cache stays bounded and readings stay right.
+  for (let i = 1; i <= 600; i++) {
+    const d = detectX402(answer({}, { 'payment-required': b64(v2Required([v2Entry({ amount: String(i) })])) }))
+    if (d.offers[0]?.amount !== BigInt(i)) t.fail(`reading ${i}`)
+  }
+  t.equal(detectX402(answer({}, { 'payment-required': header })).offers.length, 2)
+})
+
 t.test('answers that are not x402', async (t) => {
   const cases: [string, HttpAnswer][] = [
     ['empty', answer('')],
