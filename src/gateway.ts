@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
+import type { Server as NetServer } from 'node:net'
 import { rootCertificates } from 'node:tls'
 import type { AddressInfo } from 'node:net'
 import { Registry } from './agents/registry.js'
@@ -73,7 +74,7 @@ export interface Gateway {
   close(): Promise<void>
 }
 
-function listen(server: Server, port: number, host: string): Promise<AddressInfo> {
+function listen(server: NetServer, port: number, host: string): Promise<AddressInfo> {
   return new Promise((resolve, reject) => {
     server.once('error', reject)
     server.listen(port, host, () => {

@@ -12,6 +12,8 @@ import { decide, domainPermitted, pickProtocol } from '../policy/decide.js'
 import { domainOf } from '../policy/domains.js'
 import type { ProtocolPreference } from '../policy/model.js'
 import type { PolicyStore } from '../policy/store.js'
+import type { StoredPolicy } from '../policy/model.js'
+import type { MppSession } from './sessions.js'
 import type { Store } from '../store/index.js'
 import { commit, countSessionCall, heldAmount, hold, release, usedToday } from '../policy/usage.js'
 import { SESSION_HEADER } from '../protocols/mpp.js'
@@ -49,6 +51,19 @@ export interface PayOutcome {
   unpaid?: PaygateError
   session?: { protocol: 'mpp' }
 }
+
+/** What `begin` looked up for one request; `resume` carries on from it. */
+export interface PayStart {
+  /** The request as sent (with `Accept-Payment` when the agent sent none). */
+  req: PayRequest
+  parent: TxRecord | null
+  policy: StoredPolicy
+  session: MppSession | null
+  /** Sent with the first attempt only (the MPP session token). */
+  firstHeaders: Readonly<Record<string, string>>
+}
+
+const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({})
 
 export interface EngineDeps {
   store: Store
@@ -122,17 +137,39 @@ export class PaymentEngine {
   }
 
   async pay(request: PayRequest): Promise<PayOutcome> {
+    const start = await this.begin(request)
+    return this.resume(start, await this.sendOrUnreachable(start.req, start.firstHeaders))
+  }
+
+  /**
+   * The lookups before the first send: the agent, the parent, the policy and a valid MPP
+   * session. The proxy sends the first request itself (its own keep-alive path) with
+   * `req.headers` plus `firstHeaders`, and hands the answer to `resume` unless it can
+   * relay it untouched (`relayable`).
+   */
+  async begin(request: PayRequest): Promise<PayStart> {
     let req = request
     const { agentId } = req
     await this.d.registry.requireAgent(agentId)
     const parent = req.parentTxHash ? await this.parentOf(req.parentTxHash) : null
     const policy = await this.d.policies.policyOf(agentId)
-
     // A valid MPP session with this service is sent along: no payment if the target takes it.
     let session = await this.d.mpp.session(agentId, req.url)
     if (session && !domainPermitted(policy, domainOf(req.url))) session = null
     if (this.d.acceptPayment && req.headers['accept-payment'] === undefined) req = { ...req, headers: { ...req.headers, 'accept-payment': this.d.acceptPayment } }
-    let first = await this.sendOrUnreachable(req, session ? { [SESSION_HEADER]: session.token } : {})
+    return { req, parent, policy, session, firstHeaders: session ? { [SESSION_HEADER]: session.token } : NO_HEADERS }
+  }
+
+  /** A first answer that needs nothing from the engine: no 402, no session to account for. */
+  static relayable(start: PayStart, status: number): boolean {
+    return status !== 402 && start.session === null
+  }
+
+  /** Everything after the first send: session accounting, offers, policy, payment. */
+  async resume(start: PayStart, firstAnswer: UpstreamResponse): Promise<PayOutcome> {
+    const { req, parent, policy, session } = start
+    const { agentId } = req
+    let first = firstAnswer
     if (session) {
       if (!sessionRefused(first.status)) return this.sessionCall(agentId, first)
       await this.d.mpp.dropSession(agentId, req.url, session.token)

@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs'
-import { createSecureContext, rootCertificates } from 'node:tls'
+import { createSecureContext, rootCertificates, type SecureContext } from 'node:tls'
 import { Readable } from 'node:stream'
 import { Agent, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
@@ -100,6 +100,8 @@ class Handler implements Dispatcher.DispatchHandler {
 
 export class Upstream {
   readonly dispatcher: Agent
+  /** Upstream TLS trust, shared with the proxy's own connections; undefined: the system roots. */
+  readonly secureContext: SecureContext | undefined
 
   /** Upstream TLS trusts the system roots plus the PEM bundle in `caFile`. */
   constructor(caFile: string | null, private readonly defaultTimeoutMs = 30_000) {
@@ -115,6 +117,7 @@ export class Upstream {
     }
     // One TLS context for every upstream connection: passing `ca` would re-parse ~140 roots per connection (~30 ms of blocked loop).
     const secureContext = ca ? createSecureContext({ ca }) : undefined
+    this.secureContext = secureContext
     this.dispatcher = new Agent({ keepAliveTimeout: 30_000, connections: 256, ...(secureContext ? { connect: { secureContext } } : {}) })
   }
 

@@ -43,8 +43,40 @@ const OPTIONS: LoggerOptions = {
   formatters: { level: (label) => ({ level: label }) },
 }
 
+/**
+ * stdout, written once per event-loop turn: under load the lines of many requests share one
+ * write (a write per line cost ~8% of a proxied request's CPU). Lines wait at most until the
+ * loop comes round, and whatever is held is written on exit.
+ */
+class TurnBatchedStdout implements DestinationStream {
+  private held = ''
+  private scheduled = false
+  private readonly out = pino.destination({ dest: 1, sync: true })
+
+  constructor() {
+    process.on('exit', this.flush)
+  }
+
+  write(line: string): void {
+    this.held += line
+    if (this.scheduled) return
+    this.scheduled = true
+    setImmediate(this.flush)
+  }
+
+  readonly flush = (): void => {
+    this.scheduled = false
+    const held = this.held
+    if (!held) return
+    this.held = ''
+    this.out.write(held)
+  }
+}
+
+let stdout: TurnBatchedStdout | undefined
+
 export function createLogger(level: string, destination?: DestinationStream): Logger {
-  return pino({ ...OPTIONS, level, redact: { paths: REDACT, censor: '[redacted]' } }, destination ?? pino.destination({ dest: 1, sync: true }))
+  return pino({ ...OPTIONS, level, redact: { paths: REDACT, censor: '[redacted]' } }, destination ?? (stdout ??= new TurnBatchedStdout()))
 }
 
 /**

@@ -1,18 +1,21 @@
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
-import { connect as netConnect, isIP, type Socket } from 'node:net'
+import { createServer, STATUS_CODES, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server as HttpServer, type ServerResponse } from 'node:http'
+import { connect as netConnect, createServer as createNetServer, isIP, type Server, type Socket } from 'node:net'
 import { Duplex, Readable } from 'node:stream'
 import { TLSSocket } from 'node:tls'
 import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
-import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
+import { PaymentEngine, type PayOutcome, type PayRequest, type PayStart } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
-import { readBody, type Upstream } from '../engine/upstream.js'
+import { readBody, UpstreamError, type Upstream, type UpstreamResponse } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { unredacted, type Logger } from '../log/index.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
+import { FastConn, type FastHost, type Tunnel } from './fast.js'
 import { forwardRequestHeaders, forwardResponseHeaders, headerValue } from './headers.js'
+import { relayResponseHead, type Framing, type RequestHead, type ResponseHead } from './http1.js'
 import { ProxyIdentity } from './identity.js'
+import { OriginPool, type Exchange, type Origin } from './origins.js'
 
 export interface ProxyDeps {
   engine: PaymentEngine
@@ -28,17 +31,13 @@ export interface ProxyDeps {
   upstreamCa?: string[]
 }
 
-/** A CONNECT tunnel's agent and target, as `scheme://host[:port]` and `host[:port]` (computed once, used per request). */
-interface Tunnel {
-  agentId: string
-  origin: string
-  authority: string
-}
-
 const AUTH_REALM = 'Basic realm="paygate"'
 /** The raw 407 for sockets that left HTTP (CONNECT, upgrades). */
 const RAW_407 = `HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`
 const MAX_IDEMPOTENT_BODY = 8 * 1024 * 1024
+const DENY_BODY = JSON.stringify({ error: 'unauthorized', detail: 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy' })
+/** Safe to send twice (RFC 9110 §9.2.2) and without a body: the methods the fast path serves. */
+const FAST_METHODS = new Set(['GET', 'HEAD', 'OPTIONS', 'DELETE'])
 
 /** The tunnel's first bytes (null if it ends first), leaving the socket paused. */
 function firstChunk(socket: Socket): Promise<Buffer | null> {
@@ -54,6 +53,7 @@ function firstChunk(socket: Socket): Promise<Buffer | null> {
     }
     socket.once('data', onData)
     socket.once('end', onEnd)
+    socket.resume()
   })
 }
 
@@ -122,8 +122,45 @@ const urlHost = (host: string): string => (isIP(host) === 6 ? `[${host}]` : host
 
 function tunnelTo(agentId: string, scheme: 'http' | 'https', host: string, port: number): Tunnel {
   const authority = `${urlHost(host)}${port === (scheme === 'https' ? 443 : 80) ? '' : `:${port}`}`
-  return { agentId, origin: `${scheme}://${authority}`, authority }
+  return { agentId, origin: `${scheme}://${authority}`, authority, dest: { https: scheme === 'https', host, port } }
 }
+
+/** What the first send on the fast path came to. */
+type FirstSend =
+  | { kind: 'relayed'; status: number }
+  | { kind: 'engine'; response: UpstreamResponse }
+  /** A response the fast path leaves alone: the engine asks again on its own client (the method is idempotent). */
+  | { kind: 'fallback' }
+
+/** An answer body read from the fast path's exchange, for the engine (402s, session calls). */
+class ExchangeBody extends Readable {
+  exchange: Exchange | null = null
+
+  override _read(): void {
+    this.exchange?.resume()
+  }
+
+  override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
+    if (!this.readableEnded) this.exchange?.abort()
+    cb(err)
+  }
+}
+
+/** The head of an answer Paygate writes itself on a fast-path connection. */
+function answerHead(status: number, headers: OutgoingHttpHeaders, chunked: boolean, close: boolean): string {
+  let out = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\n`
+  for (const k in headers) {
+    const v = headers[k]
+    if (v === undefined) continue
+    if (Array.isArray(v)) for (const x of v) out += `${k}: ${x}\r\n`
+    else out += `${k}: ${v}\r\n`
+  }
+  if (chunked) out += 'transfer-encoding: chunked\r\n'
+  if (close) out += 'connection: close\r\n'
+  return `${out}\r\n`
+}
+
+const noBodyAnswer = (method: string, status: number): boolean => method === 'HEAD' || status === 204 || status === 304 || status < 200
 
 function hostMatches(list: readonly string[], host: string): boolean {
   return list.some((e) => e === host || (e.startsWith('*.') && host.endsWith(e.slice(1))))
@@ -134,9 +171,16 @@ function hostMatches(list: readonly string[], host: string): boolean {
  * a leaf certificate from Paygate's CA, or plain HTTP, told apart by the first byte). Every
  * request goes through the payment engine; a 402 is paid under the agent's policy.
  */
-export class ProxyServer {
+export class ProxyServer implements FastHost {
+  /** The proxy port: connections start on the fast path (src/proxy/fast.ts). */
   readonly server: Server
-  private readonly inner: Server
+  /** Node's HTTP server for connections handed off the fast path (bodies, upgrades, HTTP/1.0, ...). */
+  private readonly http: HttpServer
+  /** The same for requests inside CONNECT tunnels. */
+  private readonly inner: HttpServer
+  private readonly fastConns = new Set<FastConn>()
+  private readonly origins: OriginPool
+  private closing = false
   private readonly tunnels = new WeakMap<object, Tunnel>()
   private readonly ws = httpProxy.createProxyServer({ ws: true, xfwd: false })
   /** The line per request: its fields are fixed and secret-free, so it skips redaction. */
@@ -147,11 +191,13 @@ export class ProxyServer {
   constructor(private readonly d: ProxyDeps) {
     this.access = unredacted(d.log)
     this.identity = new ProxyIdentity(d.registry, d.defaultAgent)
-    this.server = createServer({ keepAliveTimeout: 65_000 })
+    this.origins = new OriginPool(d.upstream.secureContext)
+    this.server = createNetServer((socket) => this.startFast(socket, null))
+    this.http = createServer({ keepAliveTimeout: 65_000 })
     this.inner = createServer({ keepAliveTimeout: 65_000 })
-    this.server.on('request', (req, res) => void this.onRequest(req, res))
-    this.server.on('connect', (req, socket: Socket, head: Buffer) => void this.onConnect(req, socket, head))
-    this.server.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, null))
+    this.http.on('request', (req, res) => void this.onRequest(req, res))
+    this.http.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => void this.onConnect(req.url ?? '', req.headers, socket, head))
+    this.http.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, null))
     this.inner.on('request', (req, res) => void this.onTunnelRequest(req, res))
     this.inner.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, this.tunnels.get(req.socket) ?? null))
     this.ws.on('error', (err, _req, target) => {
@@ -187,9 +233,8 @@ export class ProxyServer {
 
   private deny(res: ServerResponse): void {
     this.counters.authFailures++
-    const body = JSON.stringify({ error: 'unauthorized', detail: 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy' })
-    res.writeHead(407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
-    res.end(body)
+    res.writeHead(407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) })
+    res.end(DENY_BODY)
   }
 
   private fail(res: ServerResponse, e: PaygateError): void {
@@ -254,41 +299,50 @@ export class ProxyServer {
       const payReq = { agentId, url, method, headers, body: body as Buffer | null, ...(parentTxHash ? { parentTxHash } : {}) }
       const key = headerValue(req.headers, 'x-paygate-idempotency-key')
       const out = key ? await this.idempotent(agentId, key, payReq) : await this.d.engine.pay(payReq)
-      const h = forwardResponseHeaders(out.response.headers)
-      if (out.payment) {
-        h['x-paygate-tx'] = out.payment.txHash
-        h['x-paygate-amount'] = formatUnits(out.payment.amount)
-        h['x-paygate-protocol'] = out.payment.protocol
-        paid = out.payment.amount
-        this.counters.paid++
-      }
-      if (out.session) h['x-paygate-session'] = 'reused'
-      if (out.unpaid) h['x-paygate-error'] = errorCode = out.unpaid.code
-      status = out.response.status
-      res.writeHead(status, h)
+      const a = this.answerOf(out)
+      ;({ status, paid, errorCode } = a)
+      res.writeHead(status, a.headers)
       await relay(out.response.body, res)
     } catch (e) {
-      const err = toPaygateError(e)
-      if (err.code === 'internal_error') this.d.log.error({ err: e, agentId }, 'proxy request failed')
-      if (err.code === 'policy_violation') this.counters.rejected++
-      else this.counters.errors++
+      const err = this.failure(e, agentId)
       errorCode = err.code
       status = err.status
       this.fail(res, err)
     } finally {
-      this.access.info(
-        {
-          agentId,
-          method: req.method,
-          host,
-          status,
-          paidUsdc: paid === null ? undefined : formatUnits(paid),
-          error: errorCode,
-          ms: Math.round((performance.now() - started) * 100) / 100,
-        },
-        'proxy request',
-      )
+      this.logRequest(agentId, req.method ?? 'GET', host, status, paid, errorCode, started)
     }
+  }
+
+  /** The agent's view of an engine outcome: the target's answer plus Paygate's headers. */
+  private answerOf(out: PayOutcome): { status: number; headers: OutgoingHttpHeaders; paid: bigint | null; errorCode: string | undefined } {
+    const h = forwardResponseHeaders(out.response.headers)
+    let paid: bigint | null = null
+    let errorCode: string | undefined
+    if (out.payment) {
+      h['x-paygate-tx'] = out.payment.txHash
+      h['x-paygate-amount'] = formatUnits(out.payment.amount)
+      h['x-paygate-protocol'] = out.payment.protocol
+      paid = out.payment.amount
+      this.counters.paid++
+    }
+    if (out.session) h['x-paygate-session'] = 'reused'
+    if (out.unpaid) h['x-paygate-error'] = errorCode = out.unpaid.code
+    return { status: out.response.status, headers: h, paid, errorCode }
+  }
+
+  private failure(e: unknown, agentId: string): PaygateError {
+    const err = toPaygateError(e)
+    if (err.code === 'internal_error') this.d.log.error({ err: e, agentId }, 'proxy request failed')
+    if (err.code === 'policy_violation') this.counters.rejected++
+    else this.counters.errors++
+    return err
+  }
+
+  private logRequest(agentId: string, method: string, host: string, status: number, paid: bigint | null, error: string | undefined, started: number): void {
+    this.access.info(
+      { agentId, method, host, status, paidUsdc: paid === null ? undefined : formatUnits(paid), error, ms: Math.round((performance.now() - started) * 100) / 100 },
+      'proxy request',
+    )
   }
 
   /** With X-Paygate-Idempotency-Key: the answer is kept (bounded) and replayed; never a second payment. */
@@ -323,17 +377,246 @@ export class ProxyServer {
     return stored.unpaid ? { ...out, unpaid: new PaygateError(stored.unpaid as never, 'unpaid 402') } : out
   }
 
+  // ---- the fast path ----------------------------------------------------------------------
+
+  private startFast(socket: Socket, tunnel: Tunnel | null, initial: Buffer | null = null): void {
+    if (this.closing) {
+      socket.destroy()
+      return
+    }
+    const conn = new FastConn(socket, this, tunnel, initial)
+    this.fastConns.add(conn)
+    conn.start()
+  }
+
+  forget(conn: FastConn): void {
+    this.fastConns.delete(conn)
+  }
+
+  route(head: RequestHead, conn: FastConn): 'fast' | 'takeover' | 'node' {
+    if (head.method === 'CONNECT') return conn.tunnel ? 'node' : 'takeover'
+    const m = head.map
+    if (m.upgrade !== undefined) return head.method === 'GET' && m['content-length'] === undefined && m['transfer-encoding'] === undefined ? 'takeover' : 'node'
+    if (!FAST_METHODS.has(head.method) || m['transfer-encoding'] !== undefined || m.expect !== undefined) return 'node'
+    if (m['content-length'] !== undefined && m['content-length'] !== '0') return 'node'
+    if (m['x-paygate-idempotency-key'] !== undefined || m['x-paygate-parent-tx'] !== undefined) return 'node'
+    return (conn.tunnel ? head.target.startsWith('/') : head.target.startsWith('http://')) ? 'fast' : 'node'
+  }
+
+  handoff(conn: FastConn, pending: Buffer | null): void {
+    const stream = pending ? replayable(conn.socket, pending) : conn.socket
+    if (conn.tunnel) {
+      this.tunnels.set(stream, conn.tunnel)
+      this.inner.emit('connection', stream)
+    } else this.http.emit('connection', stream)
+  }
+
+  takeover(conn: FastConn, head: RequestHead, rest: Buffer): void {
+    const headers = { ...head.map } as IncomingHttpHeaders
+    if (head.method === 'CONNECT') {
+      void this.onConnect(head.target, headers, conn.socket, rest)
+      return
+    }
+    // An upgrade: http-proxy reads only these fields of the request.
+    const req = { method: head.method, url: head.target, headers, httpVersion: '1.1', httpVersionMajor: 1, httpVersionMinor: 1, rawHeaders: head.raw } as unknown as IncomingMessage
+    void this.onUpgrade(req, conn.socket, rest, conn.tunnel)
+  }
+
+  /** One request on the fast path: identity, the engine's lookups, the first send on the proxy's own connection, then relay or pay. */
+  async serve(conn: FastConn, head: RequestHead): Promise<void> {
+    const started = performance.now()
+    let agentId: string
+    let url: string
+    let host: string
+    let dest: Origin
+    let path: string
+    if (conn.tunnel) {
+      ;({ agentId, authority: host, dest } = conn.tunnel)
+      url = conn.tunnel.origin + head.target
+      path = head.target
+    } else {
+      const id = await this.identity.of(head.map as IncomingHttpHeaders)
+      if (!id) {
+        this.counters.authFailures++
+        return this.writeAnswer(conn, 'GET', 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
+      }
+      agentId = id
+      let u: URL
+      try {
+        u = new URL(head.target)
+      } catch {
+        return this.writeError(conn, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
+      }
+      url = u.href
+      host = u.host
+      path = u.pathname + u.search
+      dest = { https: false, host: u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname, port: u.port ? Number(u.port) : 80 }
+    }
+    this.counters.requests++
+    const method = head.method
+    let status = 0
+    let paid: bigint | null = null
+    let errorCode: string | undefined
+    try {
+      const payReq: PayRequest = { agentId, url, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders), body: null }
+      const start = await this.d.engine.begin(payReq)
+      const first = await this.firstSend(conn, start, dest, host, path, method)
+      if (first.kind === 'relayed') {
+        status = first.status
+        return
+      }
+      const out = first.kind === 'engine' ? await this.d.engine.resume(start, first.response) : await this.d.engine.pay(payReq)
+      const a = this.answerOf(out)
+      ;({ status, paid, errorCode } = a)
+      await this.writeAnswer(conn, method, status, a.headers, out.response.body)
+    } catch (e) {
+      const err = this.failure(e, agentId)
+      errorCode = err.code
+      status = err.status
+      await this.writeError(conn, err)
+    } finally {
+      this.logRequest(agentId, method, host, status, paid, errorCode, started)
+    }
+  }
+
+  /**
+   * The first send on the proxy's own keep-alive connection. An answer the engine has no
+   * business with (no 402, no MPP session used) is relayed to the agent byte for byte as it
+   * arrives; anything else becomes an UpstreamResponse for the engine.
+   */
+  private firstSend(conn: FastConn, start: PayStart, dest: Origin, authority: string, path: string, method: string): Promise<FirstSend> {
+    let out = `${method} ${path} HTTP/1.1\r\nhost: ${authority}\r\n`
+    const h = start.req.headers
+    for (const k in h) out += `${k}: ${h[k]}\r\n`
+    for (const k in start.firstHeaders) out += `${k}: ${start.firstHeaders[k]}\r\n`
+    const request = `${out}\r\n`
+    const socket = conn.socket
+    return new Promise<FirstSend>((resolve, reject) => {
+      let mode: 'wait' | 'relay' | 'engine' = 'wait'
+      let relayed = 0
+      let body: ExchangeBody | null = null
+      let corked = false
+      let retried = false
+      let ex: Exchange
+      const onDrain = (): void => ex.resume()
+      const sink = {
+        head: (head: ResponseHead, framing: Framing | null): boolean => {
+          if (!framing) {
+            resolve({ kind: 'fallback' })
+            return false
+          }
+          if (PaymentEngine.relayable(start, head.status)) {
+            mode = 'relay'
+            relayed = head.status
+            if (!conn.alive) {
+              ex.abort()
+              return false
+            }
+            socket.cork()
+            corked = true
+            socket.write(relayResponseHead(head, conn.closeAfter), 'latin1')
+            return false
+          }
+          // The engine reads the body itself, so it gets it without the chunked framing.
+          mode = 'engine'
+          body = new ExchangeBody()
+          body.exchange = ex
+          resolve({ kind: 'engine', response: { status: head.status, headers: head.map, body } })
+          return true
+        },
+        data: (chunk: Buffer): boolean => {
+          if (mode === 'engine') return body!.push(chunk)
+          if (socket.write(chunk)) return true
+          socket.once('drain', onDrain)
+          return false
+        },
+        end: (): void => {
+          if (mode === 'engine') body!.push(null)
+          else resolve({ kind: 'relayed', status: relayed })
+        },
+        flush: (): void => {
+          if (corked) {
+            corked = false
+            socket.uncork()
+          }
+        },
+        error: (e: UpstreamError, stale: boolean): void => {
+          if (mode === 'wait') {
+            // A pooled connection the target had closed: once more on a new one (the method is idempotent).
+            if (stale && !retried) {
+              retried = true
+              ex = this.origins.request(dest, request, method, sink, true)
+              return
+            }
+            return reject(new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`))
+          }
+          if (mode === 'engine') return void body!.destroy(e)
+          // Mid-relay: the agent has part of an answer, so only closing tells it something broke.
+          socket.destroy()
+          resolve({ kind: 'relayed', status: relayed })
+        },
+      }
+      ex = this.origins.request(dest, request, method, sink)
+      conn.onGone = () => {
+        ex.abort()
+        if (mode !== 'engine') resolve({ kind: 'relayed', status: 0 })
+      }
+    })
+  }
+
+  /** Write an answer Paygate composed (engine outcomes, errors) on a fast-path connection, with backpressure. */
+  private async writeAnswer(conn: FastConn, method: string, status: number, headers: OutgoingHttpHeaders, body: Readable | Buffer | null): Promise<void> {
+    const socket = conn.socket
+    if (!conn.alive) {
+      if (body instanceof Readable) body.destroy()
+      return
+    }
+    const noBody = noBodyAnswer(method, status)
+    const chunked = !noBody && headers['content-length'] === undefined
+    socket.write(answerHead(status, headers, chunked, conn.closeAfter), 'latin1')
+    if (noBody || body === null) {
+      if (body instanceof Readable) body.destroy()
+      if (chunked) socket.write('0\r\n\r\n')
+      return
+    }
+    if (Buffer.isBuffer(body)) {
+      socket.write(chunked ? Buffer.concat([Buffer.from(`${body.length.toString(16)}\r\n`), body, Buffer.from('\r\n0\r\n\r\n')]) : body)
+      return
+    }
+    const gone = new Promise<void>((r) => (conn.onGone = r))
+    try {
+      for await (const c of body as AsyncIterable<Buffer>) {
+        if (!c.length) continue
+        const ok = chunked ? socket.write(`${c.length.toString(16)}\r\n`) && socket.write(c) && socket.write('\r\n') : socket.write(c)
+        if (!ok) await Promise.race([new Promise((r) => socket.once('drain', r)), gone])
+        if (!conn.alive) {
+          body.destroy()
+          return
+        }
+      }
+      if (chunked) socket.write('0\r\n\r\n')
+    } catch {
+      // The target's body broke off: the agent can only learn it from the connection closing.
+      socket.destroy()
+    }
+  }
+
+  private writeError(conn: FastConn, e: PaygateError): Promise<void> {
+    const body = Buffer.from(JSON.stringify(e.toBody()))
+    return this.writeAnswer(conn, 'GET', e.status, { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body)
+  }
+
   // ---- CONNECT --------------------------------------------------------------------------
 
-  private async onConnect(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
+  private async onConnect(authority: string, headers: IncomingHttpHeaders, socket: Socket, head: Buffer): Promise<void> {
     socket.on('error', () => socket.destroy())
     this.counters.connects++
-    const target = splitAuthority(req.url ?? '')
+    const target = splitAuthority(authority)
     if (!target) {
       socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
       return
     }
-    const agentId = await this.identity.of(req.headers)
+    const agentId = await this.identity.of(headers)
     if (!agentId) {
       this.counters.authFailures++
       socket.end(RAW_407)
@@ -344,6 +627,7 @@ export class ProxyServer {
         socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
         if (head.length) up.write(head)
         socket.pipe(up).pipe(socket)
+        socket.resume()
       })
       up.on('error', () => socket.end('HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n'))
       return
@@ -365,12 +649,9 @@ export class ProxyServer {
       socket.unshift(first)
       const tls = new TLSSocket(socket, { isServer: true, secureContext, SNICallback: this.d.ca.sniCallback, ALPNProtocols: ['http/1.1'] })
       tls.on('error', () => tls.destroy())
-      this.tunnels.set(tls, tunnelTo(agentId, 'https', target.host, target.port))
-      this.inner.emit('connection', tls)
+      this.startFast(tls, tunnelTo(agentId, 'https', target.host, target.port))
     } else {
-      const stream = replayable(socket, first)
-      this.tunnels.set(stream, tunnelTo(agentId, 'http', target.host, target.port))
-      this.inner.emit('connection', stream)
+      this.startFast(socket, tunnelTo(agentId, 'http', target.host, target.port), first)
     }
   }
 
@@ -402,15 +683,22 @@ export class ProxyServer {
 
   async close(graceMs: number): Promise<void> {
     if (!this.server.listening) return
+    this.closing = true
     const closed = new Promise<void>((r) => this.server.close(() => r()))
-    this.server.closeIdleConnections()
+    for (const c of this.fastConns) {
+      if (c.idle) c.socket.destroy()
+      else c.closeAfter = true
+    }
+    this.http.closeIdleConnections()
     this.inner.closeIdleConnections()
     const timer = setTimeout(() => {
-      this.server.closeAllConnections()
+      for (const c of this.fastConns) c.socket.destroy()
+      this.http.closeAllConnections()
       this.inner.closeAllConnections()
     }, graceMs)
     await closed
     clearTimeout(timer)
+    this.origins.close()
     this.ws.close()
   }
 }

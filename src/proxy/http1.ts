@@ -1,0 +1,235 @@
+/**
+ * HTTP/1.1 message heads and body framing for the proxy's keep-alive fast path (RFC 9112).
+ * Pure: bytes in, parsed heads and message boundaries out. The fast path accepts a strict
+ * subset; anything outside it (obs-fold, bare LF, odd framing) is reported as `null` so the
+ * caller can hand the message to Node's own parser or to the general path instead.
+ */
+
+const CRLFCRLF = Buffer.from('\r\n\r\n')
+/** Head larger than this: not the fast path's business (Node's parser answers 431). */
+export const MAX_HEAD = 16 * 1024
+
+/** RFC 9110 token characters (header names, methods). */
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
+/** Field values: visible ASCII, obs-text, SP and HTAB; no CR, LF or NUL. */
+const VALUE = /^[\t\x20-\x7e\x80-\xff]*$/
+
+/** Where the head ends (the index after CRLFCRLF), -1 if not yet complete. */
+export function headEnd(buf: Buffer, from = 0): number {
+  const i = buf.indexOf(CRLFCRLF, from)
+  return i < 0 ? -1 : i + 4
+}
+
+export interface Fields {
+  /** [name, value, name, value, ...] as received. */
+  raw: string[]
+  /** Lower-case name -> value; repeated fields joined with ", " (set-cookie kept as an array). */
+  map: Record<string, string | string[]>
+}
+
+function parseFields(lines: string[]): Fields | null {
+  const raw: string[] = []
+  const map: Record<string, string | string[]> = {}
+  for (let i = 1; i < lines.length; i++) {
+    const line = lines[i]!
+    const c = line.indexOf(':')
+    if (c <= 0) return null
+    const name = line.slice(0, c)
+    const value = line.slice(c + 1).trim()
+    if (!TOKEN.test(name) || !VALUE.test(value)) return null
+    raw.push(name, value)
+    const k = name.toLowerCase()
+    const prev = map[k]
+    if (prev === undefined) map[k] = k === 'set-cookie' ? [value] : value
+    else if (Array.isArray(prev)) prev.push(value)
+    else map[k] = `${prev}, ${value}`
+  }
+  return { raw, map }
+}
+
+/** The head's lines; null on bare CR or LF (only CRLF ends a line here). */
+function lines(buf: Buffer, end: number): string[] | null {
+  const text = buf.toString('latin1', 0, end - 4)
+  const parts = text.split('\r\n')
+  for (const p of parts) if (p.includes('\n') || p.includes('\r')) return null
+  return parts
+}
+
+export interface RequestHead extends Fields {
+  method: string
+  target: string
+  /** Bytes the head took. */
+  size: number
+}
+
+/** An HTTP/1.1 request head in `buf[0..end)`; null when it is outside the fast path's subset. */
+export function parseRequestHead(buf: Buffer, end: number): RequestHead | null {
+  const ls = lines(buf, end)
+  if (!ls) return null
+  const first = ls[0]!
+  const a = first.indexOf(' ')
+  const b = first.indexOf(' ', a + 1)
+  if (a <= 0 || b <= a + 1 || first.slice(b + 1) !== 'HTTP/1.1') return null
+  const method = first.slice(0, a)
+  const target = first.slice(a + 1, b)
+  if (!TOKEN.test(method) || /[\s\x00-\x1f\x7f]/.test(target)) return null
+  const f = parseFields(ls)
+  return f && { method, target, size: end, ...f }
+}
+
+export interface ResponseHead extends Fields {
+  /** 0 for HTTP/1.0, 1 for HTTP/1.1. */
+  minor: number
+  status: number
+  reason: string
+  size: number
+}
+
+export function parseResponseHead(buf: Buffer, end: number): ResponseHead | null {
+  const ls = lines(buf, end)
+  if (!ls) return null
+  const m = /^HTTP\/1\.([01]) ([1-9]\d\d)(?: ([\t\x20-\x7e\x80-\xff]*))?$/.exec(ls[0]!)
+  if (!m) return null
+  const f = parseFields(ls)
+  return f && { minor: Number(m[1]), status: Number(m[2]), reason: m[3] ?? '', size: end, ...f }
+}
+
+/** How a response body is delimited. */
+export type Framing = { kind: 'none' } | { kind: 'length'; length: number } | { kind: 'chunked' }
+
+/**
+ * A response's framing (RFC 9112 §6.3), or null when the fast path leaves it alone:
+ * 1xx, close-delimited bodies, transfer codings other than plain chunked, CL+TE, or a
+ * Content-Length that is not one plain number.
+ */
+export function responseFraming(head: ResponseHead, method: string): Framing | null {
+  const { status, map } = head
+  if (status < 200) return null
+  if (method === 'HEAD' || status === 204 || status === 304) return { kind: 'none' }
+  const te = map['transfer-encoding']
+  const cl = map['content-length']
+  if (te !== undefined) return cl === undefined && typeof te === 'string' && te.toLowerCase() === 'chunked' ? { kind: 'chunked' } : null
+  if (typeof cl !== 'string' || !/^\d{1,15}$/.test(cl)) return null
+  return { kind: 'length', length: Number(cl) }
+}
+
+/**
+ * Finds where a body ends. `feed` returns the index in `chunk` just past the body's last
+ * byte, or -1 when the body goes on; it throws on a malformed chunked body. With `decode`,
+ * a chunked body's data (without its framing) is collected in `decoded` as it is found;
+ * without, the bytes are meant to be forwarded as they are.
+ */
+export class BodyFramer {
+  private remaining: number
+  /** chunked: 0 size line, 1 data, 2 CRLF after data, 3 trailer lines */
+  private state = 0
+  private line = ''
+  /** With `decode`: the chunked data found by the last `feed`s (the caller empties it). */
+  readonly decoded: Buffer[] = []
+
+  constructor(
+    private readonly framing: Framing,
+    readonly decoding = false,
+  ) {
+    this.remaining = framing.kind === 'length' ? framing.length : 0
+  }
+
+  /** True once the whole body has been seen. */
+  done = false
+
+  feed(chunk: Buffer, from = 0): number {
+    if (this.done) return from
+    if (this.framing.kind === 'none') {
+      this.done = true
+      return from
+    }
+    if (this.framing.kind === 'length') {
+      const avail = chunk.length - from
+      if (avail < this.remaining) {
+        this.remaining -= avail
+        return -1
+      }
+      this.done = true
+      return from + this.remaining
+    }
+    return this.chunked(chunk, from)
+  }
+
+  private chunked(chunk: Buffer, from: number): number {
+    let i = from
+    while (i < chunk.length) {
+      if (this.state === 1) {
+        const take = Math.min(this.remaining, chunk.length - i)
+        if (this.decoding) this.decoded.push(chunk.subarray(i, i + take))
+        i += take
+        this.remaining -= take
+        if (this.remaining === 0) this.state = 2
+        continue
+      }
+      // size line, CRLF after data, trailer lines: read up to LF
+      const lf = chunk.indexOf(0x0a, i)
+      const end = lf < 0 ? chunk.length : lf + 1
+      this.line += chunk.toString('latin1', i, end)
+      i = end
+      if (this.line.length > 4096) throw new Error('chunk line too long')
+      if (lf < 0) break
+      const line = this.line
+      this.line = ''
+      if (!line.endsWith('\r\n')) throw new Error('bare LF in chunked body')
+      const text = line.slice(0, -2)
+      if (this.state === 2) {
+        if (text !== '') throw new Error('chunk data longer than its size')
+        this.state = 0
+      } else if (this.state === 0) {
+        const m = /^([0-9A-Fa-f]{1,12})(?:[ \t]*;.*)?$/.exec(text)
+        if (!m) throw new Error('bad chunk size')
+        const size = parseInt(m[1]!, 16)
+        if (size === 0) this.state = 3
+        else {
+          this.remaining = size
+          this.state = 1
+        }
+      } else if (text === '') {
+        this.done = true
+        return i
+      }
+    }
+    return -1
+  }
+}
+
+/** RFC 9110 §7.6.1 hop-by-hop fields, plus the proxy's own credentials. */
+export const HOP_BY_HOP: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade'])
+
+const NONE: ReadonlySet<string> = new Set()
+
+/** Fields listed in Connection are hop-by-hop too (usually there is none, or just keep-alive). */
+export function connectionTokens(c: string | string[] | undefined): ReadonlySet<string> {
+  if (c === undefined) return NONE
+  const s = Array.isArray(c) ? c.join(',') : c
+  if (s.length === 0 || s === 'keep-alive' || s === 'close') return NONE
+  return new Set(s.split(',').map((x) => x.trim().toLowerCase()).filter(Boolean))
+}
+
+/** Does the Connection field carry `token` (e.g. "close")? */
+export function hasConnectionToken(c: string | string[] | undefined, token: string): boolean {
+  if (c === undefined) return false
+  const s = Array.isArray(c) ? c.join(',') : c
+  return s === token || s.toLowerCase().split(',').some((x) => x.trim() === token)
+}
+
+/**
+ * The head sent on to the agent: status line and end-to-end fields as received. The body
+ * goes on in its own framing, so Transfer-Encoding: chunked stays.
+ */
+export function relayResponseHead(head: ResponseHead, close: boolean): string {
+  const drop = connectionTokens(head.map.connection)
+  let out = `HTTP/1.1 ${head.status} ${head.reason}\r\n`
+  const raw = head.raw
+  for (let i = 0; i < raw.length; i += 2) {
+    const k = raw[i]!.toLowerCase()
+    if ((HOP_BY_HOP.has(k) && k !== 'transfer-encoding') || drop.has(k)) continue
+    out += `${raw[i]}: ${raw[i + 1]}\r\n`
+  }
+  return `${out}${close ? 'connection: close\r\n' : ''}\r\n`
+}

@@ -1,0 +1,217 @@
+import { connect as netConnect, isIP, type Socket } from 'node:net'
+import { connect as tlsConnect, type SecureContext } from 'node:tls'
+import { UpstreamError } from '../engine/upstream.js'
+import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, responseFraming, type Framing, type ResponseHead } from './http1.js'
+
+/**
+ * The proxy's own keep-alive connections to targets, for the first send of a request on the
+ * fast path: one request at a time per connection, the response head parsed here and the
+ * body forwarded as it comes (never decoded). undici stays the engine's client for paid
+ * retries; this path exists because it costs about half the CPU per request (measured by
+ * `npm run bench peers`).
+ */
+
+/** What an exchange reports, in order: `head`, then `data`* and `end`, or `error` at any point. */
+export interface ExchangeSink {
+  /**
+   * `framing` null: a response the fast path leaves alone (see responseFraming); the exchange
+   * has stopped. Returns true to get the body decoded (chunked framing removed) rather than
+   * as it came.
+   */
+  head(head: ResponseHead, framing: Framing | null): boolean
+  /** false: stop reading the target until `Exchange.resume()`. */
+  data(chunk: Buffer): boolean
+  end(): void
+  /** After each batch of bytes from the target has been passed on (a chance to uncork). */
+  flush(): void
+  /** `stale`: a reused connection failed before any byte came back, so a resend on a new one is safe for idempotent methods. */
+  error(e: UpstreamError, stale: boolean): void
+}
+
+class OriginConn {
+  exchange: Exchange | null = null
+  reused = false
+
+  constructor(
+    readonly socket: Socket,
+    readonly key: string,
+    private readonly pool: OriginPool,
+  ) {
+    socket.setNoDelay(true)
+    socket.on('data', (d: Buffer) => (this.exchange ? this.exchange.onData(d) : socket.destroy()))
+    socket.on('timeout', () => (this.exchange ? this.exchange.fail(new UpstreamError('timeout', 'upstream timed out')) : socket.destroy()))
+    socket.on('error', (e) => this.exchange?.fail(new UpstreamError('network', `upstream request failed: ${e.message}`)))
+    socket.on('close', () => {
+      this.pool.forget(this)
+      this.exchange?.fail(new UpstreamError('network', 'upstream request failed: the connection closed'))
+    })
+  }
+}
+
+export class Exchange {
+  private buf: Buffer | null = null
+  private framer: BodyFramer | null = null
+  private got = false
+  private finished = false
+  private keepAlive = false
+
+  constructor(
+    private readonly conn: OriginConn,
+    private readonly method: string,
+    private readonly sink: ExchangeSink,
+    private readonly pool: OriginPool,
+  ) {}
+
+  onData(d: Buffer): void {
+    this.got = true
+    this.read(d)
+    this.sink.flush()
+  }
+
+  private read(d: Buffer): void {
+    let chunk = d
+    if (!this.framer) {
+      const buf = this.buf ? Buffer.concat([this.buf, d]) : d
+      const end = headEnd(buf)
+      if (end < 0) {
+        if (buf.length > MAX_HEAD) return this.fail(new UpstreamError('network', 'upstream response head too large'))
+        this.buf = buf
+        return
+      }
+      this.buf = null
+      const head = parseResponseHead(buf, end)
+      if (!head) return this.fail(new UpstreamError('network', 'upstream sent a malformed response head'))
+      const framing = responseFraming(head, this.method)
+      if (!framing) {
+        this.finished = true
+        this.conn.exchange = null
+        this.conn.socket.destroy()
+        this.sink.head(head, null)
+        return
+      }
+      this.keepAlive = head.minor === 1 && !hasConnectionToken(head.map.connection, 'close')
+      const decode = this.sink.head(head, framing)
+      if (this.finished) return // the sink gave up on the answer
+      this.framer = new BodyFramer(framing, decode && framing.kind === 'chunked')
+      chunk = buf.subarray(end)
+    }
+    let stop: number
+    try {
+      stop = this.framer.feed(chunk)
+    } catch (e) {
+      return this.fail(new UpstreamError('network', `upstream body: ${(e as Error).message}`))
+    }
+    const framer = this.framer
+    if (framer.decoding) {
+      let more = true
+      for (const c of framer.decoded.splice(0)) more = this.sink.data(c) && more
+      if (stop < 0) {
+        if (!more) this.conn.socket.pause()
+        return
+      }
+    } else {
+      if (stop < 0) {
+        if (chunk.length && !this.sink.data(chunk)) this.conn.socket.pause()
+        return
+      }
+      if (stop > 0) this.sink.data(stop === chunk.length ? chunk : chunk.subarray(0, stop))
+    }
+    // Bytes past the end of the answer: the target broke framing, so its connection is not reused.
+    this.finish(this.keepAlive && stop === chunk.length)
+  }
+
+  resume(): void {
+    if (!this.finished) this.conn.socket.resume()
+  }
+
+  /** The agent went away: drop the target's answer and its connection. */
+  abort(): void {
+    if (this.finished) return
+    this.finished = true
+    this.conn.exchange = null
+    this.conn.socket.destroy()
+  }
+
+  fail(e: UpstreamError): void {
+    if (this.finished) return
+    this.finished = true
+    this.conn.exchange = null
+    this.conn.socket.destroy()
+    this.sink.error(e, this.conn.reused && !this.got)
+  }
+
+  private finish(reuse: boolean): void {
+    this.finished = true
+    this.conn.exchange = null
+    if (reuse) this.pool.give(this.conn)
+    else this.conn.socket.destroy()
+    this.sink.end()
+  }
+}
+
+export interface Origin {
+  https: boolean
+  /** Host name or IP (no brackets). */
+  host: string
+  port: number
+}
+
+export class OriginPool {
+  private readonly idle = new Map<string, OriginConn[]>()
+  private readonly all = new Set<OriginConn>()
+
+  constructor(
+    private readonly secureContext: SecureContext | undefined,
+    private readonly timeoutMs = 30_000,
+    private readonly idleMs = 30_000,
+    private readonly maxIdlePerOrigin = 256,
+  ) {}
+
+  /** Send `head` (the whole request: the fast path carries no body) and report the answer to `sink`. */
+  request(o: Origin, head: string, method: string, sink: ExchangeSink, fresh = false): Exchange {
+    const key = `${o.https ? 's' : 'p'}${o.host}:${o.port}`
+    const conn = (!fresh && this.idle.get(key)?.pop()) || this.open(o, key)
+    const ex = new Exchange(conn, method, sink, this)
+    conn.exchange = ex
+    conn.socket.setTimeout(this.timeoutMs)
+    conn.socket.write(head, 'latin1')
+    return ex
+  }
+
+  private open(o: Origin, key: string): OriginConn {
+    const socket = o.https
+      ? tlsConnect({ host: o.host, port: o.port, ALPNProtocols: ['http/1.1'], ...(isIP(o.host) ? {} : { servername: o.host }), ...(this.secureContext ? { secureContext: this.secureContext } : {}) })
+      : netConnect({ host: o.host, port: o.port })
+    const conn = new OriginConn(socket, key, this)
+    this.all.add(conn)
+    return conn
+  }
+
+  give(conn: OriginConn): void {
+    const list = this.idle.get(conn.key) ?? []
+    if (list.length >= this.maxIdlePerOrigin || conn.socket.destroyed) {
+      conn.socket.destroy()
+      return
+    }
+    conn.reused = true
+    conn.socket.setTimeout(this.idleMs)
+    if (conn.socket.isPaused()) conn.socket.resume()
+    list.push(conn)
+    this.idle.set(conn.key, list)
+  }
+
+  forget(conn: OriginConn): void {
+    this.all.delete(conn)
+    const list = this.idle.get(conn.key)
+    if (!list) return
+    const i = list.indexOf(conn)
+    if (i >= 0) list.splice(i, 1)
+    if (!list.length) this.idle.delete(conn.key)
+  }
+
+  close(): void {
+    for (const c of this.all) c.socket.destroy()
+    this.all.clear()
+    this.idle.clear()
+  }
+}
