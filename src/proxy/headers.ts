@@ -1,27 +1,5 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http'
-
-/** RFC 9110 §7.6.1 hop-by-hop fields, plus the proxy's own credentials. */
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-authenticate',
-  'proxy-authorization',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-])
-
-const NONE: ReadonlySet<string> = new Set()
-
-/** Fields listed in Connection are hop-by-hop too (usually there is none, or just keep-alive). */
-function connectionTokens(c: string | string[] | undefined): ReadonlySet<string> {
-  if (c === undefined) return NONE
-  const s = Array.isArray(c) ? c.join(',') : c
-  if (s.length === 0 || s === 'keep-alive' || s === 'close') return NONE
-  return new Set(s.split(',').map((x) => x.trim().toLowerCase()).filter(Boolean))
-}
+import { connectionTokens, HOP_BY_HOP } from './http1.js'
 
 /**
  * Request headers for the target: no hop-by-hop fields, no `Host` (the client sets it

@@ -1,0 +1,182 @@
+import t from 'tap'
+import { createServer, type IncomingMessage, type Server } from 'node:http'
+import { connect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
+import { rmSync } from 'node:fs'
+import { startTestGateway, tempDir } from '../helpers/gateway.js'
+
+/**
+ * The proxy port's fast path, byte for byte with a raw client: pipelining, framings, the
+ * hand-off to Node's parser mid-connection, hop-by-hop fields, stale pooled connections and
+ * answers the fast path leaves to the engine's own client.
+ */
+const dataDir = tempDir()
+const gw = await startTestGateway({ dataDir, env: { PAYGATE_PROXY_DEFAULT_AGENT: 'sidecar' } })
+t.teardown(async () => {
+  await gw.close()
+  rmSync(dataDir, { recursive: true, force: true })
+})
+await gw.api('POST', '/v1/agents', { body: { agentId: 'sidecar' } })
+const proxy = new URL(gw.gw.proxyUrl)
+
+const listen = async (s: Server | ReturnType<typeof createNetServer>): Promise<string> => {
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
+  t.teardown(() => new Promise<void>((r) => s.close(() => r())))
+  return `127.0.0.1:${(s.address() as AddressInfo).port}`
+}
+
+/** Send `text` on one new proxy connection and read until `done` says the answers are all in (or the connection closes). */
+function exchange(text: string, done: (got: string) => boolean): Promise<{ got: string; closed: boolean }> {
+  return new Promise((resolve, reject) => {
+    const s: Socket = connect(Number(proxy.port), proxy.hostname, () => s.write(text))
+    let got = ''
+    const timer = setTimeout(() => {
+      s.destroy()
+      reject(new Error(`no complete answer; got ${JSON.stringify(got)}`))
+    }, 10_000)
+    s.on('data', (d: Buffer) => {
+      got += d.toString('latin1')
+      if (done(got)) {
+        clearTimeout(timer)
+        s.destroy()
+        resolve({ got, closed: false })
+      }
+    })
+    s.on('close', () => {
+      clearTimeout(timer)
+      resolve({ got, closed: true })
+    })
+    s.on('error', reject)
+  })
+}
+const count = (s: string, needle: string): number => s.split(needle).length - 1
+
+const seen: IncomingMessage[] = []
+const target = await listen(
+  createServer((req, res) => {
+    seen.push(req)
+    if (req.url === '/chunked') {
+      res.writeHead(200, { 'content-type': 'text/plain' })
+      res.write('chunk-one;')
+      setTimeout(() => res.end('chunk-two'), 5)
+      return
+    }
+    if (req.url === '/hop') {
+      res.writeHead(200, { connection: 'x-resp', 'x-resp': 'hop', 'x-kept': 'end', 'content-length': 2 })
+      res.end('ok')
+      return
+    }
+    let body = ''
+    req.on('data', (c: Buffer) => (body += c.toString()))
+    req.on('end', () => {
+      const text = `${req.method} ${req.url} ${body}`
+      res.writeHead(200, { 'content-type': 'text/plain', 'content-length': Buffer.byteLength(text) })
+      res.end(req.method === 'HEAD' ? undefined : text)
+    })
+  }),
+)
+
+t.test('pipelined requests are answered in order, each in its own framing', async (t) => {
+  const text = [
+    `GET http://${target}/a HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+    `GET http://${target}/chunked HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+    `HEAD http://${target}/h HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+    `GET http://${target}/b HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+  ].join('')
+  const { got } = await exchange(text, (g) => g.includes('GET /b '))
+  t.equal(count(got, 'HTTP/1.1 200 OK'), 4)
+  const a = got.indexOf('GET /a ')
+  const chunked = got.indexOf('chunk-one;')
+  const b = got.indexOf('GET /b ')
+  t.ok(a >= 0 && a < chunked && chunked < b, 'in order')
+  t.match(got, /transfer-encoding: chunked\r\n[\s\S]*a\r\nchunk-one;\r\n9\r\nchunk-two\r\n0\r\n\r\n/i, 'the chunked body relayed in its framing')
+  t.notMatch(got, /HEAD \/h/, 'no body for HEAD')
+})
+
+t.test('a body later on the same connection goes to Node parser; the connection keeps working', async (t) => {
+  const text = [
+    `GET http://${target}/first HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+    `POST http://${target}/post HTTP/1.1\r\nHost: ${target}\r\nContent-Length: 5\r\n\r\nhello`,
+    `GET http://${target}/after HTTP/1.1\r\nHost: ${target}\r\n\r\n`,
+  ].join('')
+  const { got } = await exchange(text, (g) => g.includes('GET /after '))
+  t.ok(got.indexOf('GET /first ') < got.indexOf('POST /post hello'), 'the POST body reached the target after the first answer')
+  t.ok(got.indexOf('POST /post hello') < got.indexOf('GET /after '))
+})
+
+t.test('HTTP/1.0 and malformed requests are Node parser business', async (t) => {
+  const old = await exchange(`GET http://${target}/old HTTP/1.0\r\n\r\n`, (g) => g.includes('GET /old '))
+  t.match(old.got, /^HTTP\/1\.1 200 OK/)
+  const bad = await exchange('GET /\x01 HTTP/1.1\r\nHost: x\r\n\r\n', () => false)
+  t.match(bad.got, /^HTTP\/1\.1 400 /)
+  t.ok(bad.closed)
+})
+
+t.test('hop-by-hop fields stay on their hop; Paygate headers never reach the target', async (t) => {
+  seen.length = 0
+  const { got } = await exchange(
+    `GET http://${target}/hop HTTP/1.1\r\nHost: ${target}\r\nConnection: x-secret\r\nX-Secret: 1\r\nX-Paygate-Trace: 2\r\nX-Keep: 3\r\n\r\n`,
+    (g) => g.endsWith('ok'),
+  )
+  const h = seen[0]!.headers
+  t.equal(h['x-secret'], undefined)
+  t.equal(h['x-paygate-trace'], undefined)
+  t.equal(h['x-keep'], '3')
+  t.equal(h.host, target)
+  t.notMatch(got, /x-resp/i, 'a field the target listed in Connection is dropped')
+  t.match(got, /x-kept: end/i)
+})
+
+t.test('Connection: close is honoured after the answer', async (t) => {
+  const { got, closed } = await exchange(`GET http://${target}/bye HTTP/1.1\r\nHost: ${target}\r\nConnection: close\r\n\r\n`, () => false)
+  t.ok(closed)
+  t.match(got, /connection: close/i)
+  t.match(got, /GET \/bye $/)
+})
+
+t.test('a pooled connection the target dropped is retried once on a new one', async (t) => {
+  // The target takes one request per connection and then drops the next without answering.
+  let requests = 0
+  const perSocket = new WeakMap<object, number>()
+  const flaky = createServer((req, res) => {
+    requests++
+    const n = (perSocket.get(req.socket) ?? 0) + 1
+    perSocket.set(req.socket, n)
+    if (n > 1) {
+      req.socket.destroy()
+      return
+    }
+    res.writeHead(200, { 'content-length': 2 })
+    res.end('ok')
+  })
+  flaky.keepAliveTimeout = 60_000
+  const addr = await listen(flaky)
+  for (let i = 0; i < 2; i++) {
+    const { got } = await exchange(`GET http://${addr}/x HTTP/1.1\r\nHost: ${addr}\r\n\r\n`, (g) => g.endsWith('ok'))
+    t.match(got, /^HTTP\/1\.1 200 OK/, `request ${i + 1}`)
+  }
+  t.equal(requests, 3, 'the dropped attempt, then the retry')
+})
+
+t.test('a close-delimited answer is left to the engine client (the idempotent request is sent again)', async (t) => {
+  let requests = 0
+  const old = createNetServer((s) => {
+    s.once('data', () => {
+      requests++
+      s.end('HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end')
+    })
+  })
+  const addr = await listen(old)
+  const { got } = await exchange(`GET http://${addr}/ HTTP/1.1\r\nHost: ${addr}\r\n\r\n`, (g) => g.includes('until the end'))
+  t.match(got, /^HTTP\/1\.1 200 OK/)
+  t.equal(requests, 2)
+})
+
+t.test('an unreachable target is a 502 with the error body', async (t) => {
+  const s = createNetServer()
+  const addr = await new Promise<string>((r) => s.listen(0, '127.0.0.1', () => r(`127.0.0.1:${(s.address() as AddressInfo).port}`)))
+  await new Promise<void>((r) => s.close(() => r()))
+  const { got } = await exchange(`GET http://${addr}/ HTTP/1.1\r\nHost: ${addr}\r\n\r\n`, (g) => g.includes('}'))
+  t.match(got, /^HTTP\/1\.1 502 Bad Gateway\r\n/)
+  t.match(got, /x-paygate-error: upstream_unreachable/)
+  t.match(got, /"error":"upstream_unreachable"/)
+})

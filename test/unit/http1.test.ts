@@ -1,0 +1,96 @@
+import t from 'tap'
+import { BodyFramer, headEnd, parseRequestHead, parseResponseHead, relayResponseHead, responseFraming, type Framing } from '../../src/proxy/http1.js'
+
+const req = (text: string) => {
+  const b = Buffer.from(text, 'latin1')
+  const end = headEnd(b)
+  return end < 0 ? 'incomplete' : parseRequestHead(b, end)
+}
+const res = (text: string) => {
+  const b = Buffer.from(text, 'latin1')
+  return parseResponseHead(b, headEnd(b))!
+}
+
+t.test('request heads: the fast path takes a strict subset, the rest is left to Node', async (t) => {
+  const ok = req('GET http://a.example/x?y=1 HTTP/1.1\r\nHost: a.example\r\nX-Two: 1\r\nx-two: 2\r\nAccept:  text/plain \r\n\r\n')
+  t.match(ok, { method: 'GET', target: 'http://a.example/x?y=1', raw: ['Host', 'a.example', 'X-Two', '1', 'x-two', '2', 'Accept', 'text/plain'] })
+  t.same((ok as { map: unknown }).map, { host: 'a.example', 'x-two': '1, 2', accept: 'text/plain' })
+  t.equal(req('GET / HTTP/1.1\r\nHost: a'), 'incomplete')
+  const refused: Record<string, string> = {
+    'HTTP/1.0': 'GET / HTTP/1.0\r\n\r\n',
+    'obs-fold': 'GET / HTTP/1.1\r\nX-A: 1\r\n  continued\r\n\r\n',
+    'bare LF in a field': 'GET / HTTP/1.1\r\nX-A: 1\nX-B: 2\r\n\r\n',
+    'space before colon': 'GET / HTTP/1.1\r\nX-A : 1\r\n\r\n',
+    'no colon': 'GET / HTTP/1.1\r\nX-A\r\n\r\n',
+    'control character in a value': 'GET / HTTP/1.1\r\nX-A: a\x01b\r\n\r\n',
+    'lower-case version': 'GET / http/1.1\r\n\r\n',
+    'two spaces': 'GET  / HTTP/1.1\r\n\r\n',
+    'no target': 'GET HTTP/1.1\r\n\r\n',
+    'bad method': 'G(T / HTTP/1.1\r\n\r\n',
+  }
+  for (const [why, text] of Object.entries(refused)) t.equal(req(text), null, why)
+})
+
+t.test('response heads and framing (RFC 9112 §6.3)', async (t) => {
+  const h = res('HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n')
+  t.match(h, { minor: 1, status: 200, reason: 'OK' })
+  t.match(res('HTTP/1.1 404\r\n\r\n'), { status: 404, reason: '' })
+  t.equal(parseResponseHead(Buffer.from('HTTP/2 200 OK\r\n\r\n'), 17), null)
+  const table: Array<[string, string, Framing | null]> = [
+    ['HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n', 'GET', { kind: 'length', length: 12 }],
+    ['HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n', 'GET', { kind: 'chunked' }],
+    ['HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n', 'GET', { kind: 'chunked' }],
+    ['HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n', 'HEAD', { kind: 'none' }],
+    ['HTTP/1.1 204 No Content\r\n\r\n', 'GET', { kind: 'none' }],
+    ['HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n', 'GET', { kind: 'none' }],
+    // left to the general path
+    ['HTTP/1.1 200 OK\r\n\r\n', 'GET', null],
+    ['HTTP/1.1 100 Continue\r\n\r\n', 'GET', null],
+    ['HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n', 'GET', null],
+    ['HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n', 'GET', null],
+    ['HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n', 'GET', null],
+    ['HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n', 'GET', null],
+  ]
+  for (const [text, method, want] of table) t.same(responseFraming(res(text), method), want, `${method} ${JSON.stringify(text)}`)
+})
+
+/** Feed `body` (plus trailing bytes) split at every position, as it may arrive. */
+function framedAt(framing: Framing, body: Buffer, decode: boolean): Array<{ end: number; decoded: string }> {
+  const out = []
+  const extra = Buffer.from('NEXT')
+  const all = Buffer.concat([body, extra])
+  for (let cut = 0; cut <= all.length; cut++) {
+    const f = new BodyFramer(framing, decode)
+    let end = -1
+    let offset = 0
+    for (const part of [all.subarray(0, cut), all.subarray(cut)]) {
+      if (end >= 0) break
+      const e = f.feed(part)
+      if (e >= 0) end = offset + e
+      offset += part.length
+    }
+    out.push({ end, decoded: Buffer.concat(f.decoded).toString() })
+  }
+  return out
+}
+
+t.test('body framing finds the end wherever the bytes are split', async (t) => {
+  const chunked = Buffer.from('5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nTrailer: x\r\n\r\n')
+  for (const r of framedAt({ kind: 'chunked' }, chunked, false)) t.equal(r.end, chunked.length)
+  const decoded = framedAt({ kind: 'chunked' }, chunked, true)
+  t.ok(decoded.every((r) => r.end === chunked.length && r.decoded === 'hello, world'), 'decoded data is the chunks without framing, for every split')
+  const fixed = Buffer.from('0123456789')
+  t.ok(framedAt({ kind: 'length', length: 10 }, fixed, false).every((r) => r.end === 10))
+  const none = new BodyFramer({ kind: 'none' })
+  t.equal(none.feed(Buffer.from('next request')), 0)
+  t.equal(new BodyFramer({ kind: 'length', length: 0 }).feed(Buffer.alloc(0)), 0)
+  for (const bad of ['zz\r\n', '5\r\nhelloXY\r\n', '5\nhello\r\n', `${'f'.repeat(13)}\r\n`]) {
+    t.throws(() => new BodyFramer({ kind: 'chunked' }).feed(Buffer.from(bad)), undefined, JSON.stringify(bad))
+  }
+})
+
+t.test('relayed heads drop hop-by-hop fields and keep the body framing', async (t) => {
+  const h = res('HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nProxy-Authenticate: Basic\r\n\r\n')
+  t.equal(relayResponseHead(h, false), 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n')
+  t.equal(relayResponseHead(res('HTTP/1.1 204 No Content\r\n\r\n'), true), 'HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n')
+})
