@@ -1,7 +1,6 @@
 import { createRequire } from 'node:module'
-import { serializeTransaction, type Hex, type TransactionSerializableEIP1559 } from 'viem'
+import type { Hex } from 'viem'
 import { privateKeyToAddress } from 'viem/accounts'
-import { keccak256 } from './keccak.js'
 
 /**
  * Native secp256k1 signing (the `secp256k1` package, libsecp256k1 with prebuilt binaries,
@@ -30,18 +29,19 @@ export class FastSigner {
   }
 
   signDigest(digest: Hex): RawSignature {
-    const { signature, recid } = secp.ecdsaSign(Buffer.from(digest.slice(2), 'hex'), this.key)
-    return { r: hex(signature.subarray(0, 32)), s: hex(signature.subarray(32, 64)), yParity: recid as 0 | 1 }
+    const { r, s, yParity } = this.signDigestBytes(Buffer.from(digest.slice(2), 'hex'))
+    return { r: hex(r), s: hex(s), yParity }
+  }
+
+  /** Sign a 32-byte digest; r and s as 32 big-endian bytes each. */
+  signDigestBytes(digest: Uint8Array): { r: Uint8Array; s: Uint8Array; yParity: 0 | 1 } {
+    const { signature, recid } = secp.ecdsaSign(digest, this.key)
+    return { r: signature.subarray(0, 32), s: signature.subarray(32, 64), yParity: recid as 0 | 1 }
   }
 
   /** A 65-byte `r || s || v` signature (v = 27 + yParity), as EIP-712 signers return it. */
   signDigest65(digest: Hex): Hex {
-    const { r, s, yParity } = this.signDigest(digest)
-    return `${r}${s.slice(2)}${(27 + yParity).toString(16)}` as Hex
-  }
-
-  signTransaction(tx: TransactionSerializableEIP1559): Hex {
-    const sig = this.signDigest(keccak256(serializeTransaction(tx)))
-    return serializeTransaction(tx, sig)
+    const { signature, recid } = secp.ecdsaSign(Buffer.from(digest.slice(2), 'hex'), this.key)
+    return `0x${Buffer.from(signature.buffer, signature.byteOffset, 64).toString('hex')}${(27 + recid).toString(16)}`
   }
 }

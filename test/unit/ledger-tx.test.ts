@@ -1,0 +1,151 @@
+import t from 'tap'
+import { randomBytes, randomInt } from 'node:crypto'
+import { encodeFunctionData, keccak256, serializeTransaction, type Hex } from 'viem'
+import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
+import type { Chain } from '../../src/chain/chain.js'
+import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
+import { serializeEip1559, type Eip1559Fields } from '../../src/chain/eip1559.js'
+import { encodeRecordCall, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
+import { FastSigner } from '../../src/crypto/secp256k1.js'
+
+/**
+ * The hand-written record() calldata and EIP-1559 bytes must be exactly viem's (the
+ * reference kept here only): randomized inputs plus the edges of every field.
+ */
+const MAX_UINT256 = 2n ** 256n - 1n
+const pick = <T>(xs: readonly T[]): T => xs[randomInt(xs.length)]!
+const hex = (n: number): Hex => `0x${randomBytes(n).toString('hex')}`
+const randomBig = (maxBits: number): bigint => {
+  const bits = randomInt(maxBits + 1)
+  if (bits === 0) return 0n
+  return BigInt(`0x${randomBytes(Math.ceil(bits / 8)).toString('hex')}`) >> BigInt(Math.ceil(bits / 8) * 8 - bits)
+}
+const bytes32 = (): Hex =>
+  pick([
+    () => `0x${'00'.repeat(32)}` as Hex,
+    () => `0x${'ff'.repeat(32)}` as Hex,
+    () => hex(32),
+    () => `0x${'00'.repeat(randomInt(1, 32))}${randomBytes(32).toString('hex')}`.slice(0, 66) as Hex,
+    () => hex(32).toUpperCase().replace('0X', '0x') as Hex,
+  ])()
+const ascii = (n: number): string => Array.from({ length: n }, () => String.fromCharCode(randomInt(32, 127))).join('')
+const text = (): string =>
+  pick([
+    () => '',
+    () => 'x',
+    () => ascii(31),
+    () => ascii(32),
+    () => ascii(33),
+    () => ascii(64),
+    () => ascii(randomInt(0, 300)),
+    () => ascii(2000),
+    () => 'agent-é-ü-中文-🙂'.repeat(randomInt(1, 5)),
+    () => '\ud800 lone surrogate \udfff',
+    () => String.fromCodePoint(...Array.from({ length: randomInt(1, 40) }, () => randomInt(0, 0xd7ff))),
+  ])()
+const amount = (): bigint => pick([0n, 1n, MAX_UINT256, 2n ** 255n, 10n ** 6n, randomBig(256), randomBig(64)])
+const depth = (): number => pick([0, 1, 255, 256, 0xffffffff, randomInt(0, 2 ** 32 - 1)])
+const entry = (): LedgerEntry => ({
+  id: bytes32(),
+  parentTxHash: bytes32(),
+  agentId: text(),
+  amount: amount(),
+  protocol: pick(['x402', 'mpp', '', text()]),
+  origin: pick(['http://127.0.0.1:8080', 'https://merchant.example.com', text()]),
+  pathHash: bytes32(),
+  depth: depth(),
+})
+const viemCall = (e: LedgerEntry): Hex =>
+  encodeFunctionData({ abi: paymentLedgerAbi, functionName: 'record', args: [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth] })
+
+t.test('record() calldata equals viem encodeFunctionData', async (t) => {
+  let bad = 0
+  for (let i = 0; i < 3000; i++) {
+    const e = entry()
+    const ours = `0x${encodeRecordCall(e).toString('hex')}`
+    const theirs = viemCall(e).toLowerCase()
+    if (ours !== theirs && bad++ < 5) t.fail(`differs for ${JSON.stringify(e, (_, v) => (typeof v === 'bigint' ? `${v}n` : v))}`)
+  }
+  t.equal(bad, 0, '3,000 random entries')
+})
+
+t.test('out-of-range values are refused, as viem refuses them', async (t) => {
+  const ok = entry()
+  const cases: [string, LedgerEntry][] = [
+    ['amount < 0', { ...ok, amount: -1n }],
+    ['amount > uint256', { ...ok, amount: MAX_UINT256 + 1n }],
+    ['depth > uint32', { ...ok, depth: 2 ** 32 }],
+    ['depth < 0', { ...ok, depth: -1 }],
+    ['short id', { ...ok, id: hex(31) }],
+    ['long pathHash', { ...ok, pathHash: hex(33) }],
+  ]
+  for (const [name, e] of cases) {
+    t.throws(() => viemCall(e), `viem: ${name}`)
+    t.throws(() => encodeRecordCall(e), `ours: ${name}`)
+  }
+  t.throws(() => encodeRecordCall({ ...ok, depth: 1.5 }), 'fractional depth')
+  const tx = { type: 'eip1559' as const, chainId: 1, nonce: 0, gas: 1n, maxFeePerGas: 1n, maxPriorityFeePerGas: 2n, to: hex(20), data: '0x' as Hex }
+  t.throws(() => serializeTransaction(tx), 'viem: tip above fee cap')
+  t.throws(() => serializeEip1559({ ...tx, nonce: 0n, value: 0n, to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.alloc(0) }), 'ours: tip above fee cap')
+  t.throws(() => serializeTransaction({ ...tx, chainId: 0, maxPriorityFeePerGas: 0n }), 'viem: chain id 0')
+  t.throws(() => serializeEip1559({ ...tx, chainId: 0, maxPriorityFeePerGas: 0n, nonce: 0n, value: 0n, to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.alloc(0) }), 'ours: chain id 0')
+  t.throws(() => encodeRecordCall({ ...ok, id: `0x${'zz'.repeat(32)}` }), 'non-hex id')
+})
+
+t.test('EIP-1559 bytes equal viem serializeTransaction, unsigned and signed', async (t) => {
+  let bad = 0
+  for (let i = 0; i < 3000; i++) {
+    const maxFeePerGas = pick([0n, 1n, MAX_UINT256, 50_000_000_000n, randomBig(256), randomBig(40)])
+    const maxPriorityFeePerGas = maxFeePerGas === 0n ? 0n : pick([0n, 1n, maxFeePerGas, randomBig(256) % (maxFeePerGas + 1n)])
+    const dataLen = pick([0, 1, 55, 56, 255, 256, 1000, 65_535, 65_536, randomInt(0, 600)])
+    const data = pick([() => hex(dataLen), () => (`0x${'7f'}` as Hex), () => (`0x${'80'}` as Hex), () => (`0x${'00'}` as Hex)])()
+    const tx = {
+      type: 'eip1559' as const,
+      chainId: pick([1, 127, 128, 31337, 8453, 2 ** 31 - 1, Number.MAX_SAFE_INTEGER, randomInt(1, 2 ** 40)]),
+      nonce: pick([0, 1, 127, 128, 255, 256, Number.MAX_SAFE_INTEGER, randomInt(0, 2 ** 48 - 1)]),
+      gas: pick([0n, 21_000n, 300_000n, randomBig(64)]),
+      maxFeePerGas,
+      maxPriorityFeePerGas,
+      to: hex(20),
+      value: pick([0n, 1n, randomBig(256)]),
+      data,
+    }
+    const fields: Eip1559Fields = { ...tx, nonce: BigInt(tx.nonce), to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.from(data.slice(2), 'hex') }
+    const rs = (): Hex => pick([() => hex(32), () => `0x${'00'.repeat(randomInt(1, 32))}${randomBytes(32).toString('hex')}`.slice(0, 66) as Hex, () => `0x${'00'.repeat(32)}` as Hex, () => `0x${'00'.repeat(31)}01` as Hex])()
+    const sig = { r: rs(), s: rs(), yParity: pick([0, 1] as const) }
+    const oursU = `0x${serializeEip1559(fields).toString('hex')}`
+    const oursS = `0x${serializeEip1559(fields, { r: Buffer.from(sig.r.slice(2), 'hex'), s: Buffer.from(sig.s.slice(2), 'hex'), yParity: sig.yParity }).toString('hex')}`
+    if ((oursU !== serializeTransaction(tx) || oursS !== serializeTransaction(tx, sig)) && bad++ < 5) t.fail(`differs: ${JSON.stringify({ ...tx, data: data.slice(0, 80), sig }, (_, v) => (typeof v === 'bigint' ? `${v}n` : v))}`)
+  }
+  t.equal(bad, 0, '3,000 random transactions')
+})
+
+t.test('LedgerWriter.sign equals viem: encodeFunctionData + signTransaction, and the hash of the raw tx', async (t) => {
+  for (const embedded of [true, false]) {
+    for (let round = 0; round < 10; round++) {
+      const pk = generatePrivateKey()
+      const account = privateKeyToAccount(pk)
+      const ledger = privateKeyToAccount(generatePrivateKey()).address
+      const chainId = pick([31337, 8453, randomInt(1, 2 ** 31)])
+      const maxFeePerGas = randomBig(60) + 1n
+      const est = { maxFeePerGas, maxPriorityFeePerGas: randomBig(40) % (2n * maxFeePerGas + 1n) }
+      const chain = {
+        embedded,
+        info: { chainId, ledger },
+        fastSigner: new FastSigner(pk),
+        publicClient: { estimateFeesPerGas: async () => est },
+      } as unknown as Chain
+      const writer = new LedgerWriter(chain)
+      await writer.refreshFees()
+      const fees = embedded ? { maxFeePerGas: 50_000_000_000n, maxPriorityFeePerGas: 1n } : { maxFeePerGas: est.maxFeePerGas * 2n, maxPriorityFeePerGas: est.maxPriorityFeePerGas }
+      for (let i = 0; i < 30; i++) {
+        const e = entry()
+        const nonce = BigInt(pick([0, 1, 127, 128, randomInt(0, 2 ** 40)]))
+        const signed = writer.sign(e, nonce)
+        const raw = await account.signTransaction({ type: 'eip1559', chainId, to: ledger, data: viemCall(e), nonce: Number(nonce), gas: 300_000n, ...fees })
+        t.equal(signed.raw, raw)
+        t.equal(signed.hash, keccak256(raw))
+      }
+    }
+  }
+})
