@@ -135,22 +135,28 @@ export class Outbox {
       this.sentUpTo = BigInt(e.nonce)
     }
     let left = false
-    // Every confirmation of the pass in one write (they are idempotent: a crash only means the next pass redoes them).
-    const ops: BatchOp[] = []
+    const confirmed: { e: OutboxEntry; r: { success: boolean; blockNumber: number } }[] = []
     for await (const [, e] of this.entries.entries()) {
       const r = await this.writer.receipt(e.hash)
       if (!r) {
         left = true
         break
       }
-      const prev = await this.transactions.get(e.txId)
+      confirmed.push({ e, r })
+    }
+    // The pass's records in one read and every confirmation in one write (they are
+    // idempotent: a crash only means the next pass redoes them).
+    const prevs = await this.transactions.getMany(confirmed.map((c) => c.e.txId))
+    const ops: BatchOp[] = []
+    confirmed.forEach(({ e, r }, i) => {
+      const prev = prevs[i]
       ops.push({ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) })
       if (prev) {
         const ledger = r.success ? { status: 'confirmed' as const, blockNumber: r.blockNumber } : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted' }
         ops.push(...this.transactions.ops({ ...prev, ledger }, prev))
       }
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
-    }
+    })
     await this.store.batch(ops)
     if (left) this.schedule(this.pollMs)
   }

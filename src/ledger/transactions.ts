@@ -123,6 +123,11 @@ export class Transactions {
     return this.records.get(id)
   }
 
+  /** Several records in one read, in the order asked (undefined where none). */
+  async getMany(ids: string[]): Promise<(TxRecord | undefined)[]> {
+    return ids.length ? this.records.getMany(ids) : []
+  }
+
   /** By record id or by ledger tx hash. */
   async find(idOrHash: string): Promise<TxRecord | undefined> {
     if (idOrHash.startsWith('tx_')) return this.records.get(idOrHash)
