@@ -1,21 +1,22 @@
-import { createServer, STATUS_CODES, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server as HttpServer, type ServerResponse } from 'node:http'
+import { createServer, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server as HttpServer, type ServerResponse } from 'node:http'
 import { connect as netConnect, createServer as createNetServer, isIP, type Server, type Socket } from 'node:net'
 import { Duplex, Readable } from 'node:stream'
 import { TLSSocket } from 'node:tls'
 import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
-import { PaymentEngine, type PayOutcome, type PayRequest, type PayStart } from '../engine/engine.js'
+import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
-import { readBody, UpstreamError, type Upstream, type UpstreamResponse } from '../engine/upstream.js'
+import { readBody, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { unredacted, type Logger } from '../log/index.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
 import { forwardRequestHeaders, forwardResponseHeaders, headerValue } from './headers.js'
-import { relayResponseHead, type Framing, type RequestHead, type ResponseHead } from './http1.js'
+import type { RequestHead } from './http1.js'
 import { ProxyIdentity } from './identity.js'
-import { OriginPool, type Exchange, type Origin } from './origins.js'
+import { OriginPool, type Origin } from './origins.js'
+import { requestHead, sendFirst, writeAnswer } from './relay.js'
 
 export interface ProxyDeps {
   engine: PaymentEngine
@@ -125,42 +126,6 @@ function tunnelTo(agentId: string, scheme: 'http' | 'https', host: string, port:
   return { agentId, origin: `${scheme}://${authority}`, authority, dest: { https: scheme === 'https', host, port } }
 }
 
-/** What the first send on the fast path came to. */
-type FirstSend =
-  | { kind: 'relayed'; status: number }
-  | { kind: 'engine'; response: UpstreamResponse }
-  /** A response the fast path leaves alone: the engine asks again on its own client (the method is idempotent). */
-  | { kind: 'fallback' }
-
-/** An answer body read from the fast path's exchange, for the engine (402s, session calls). */
-class ExchangeBody extends Readable {
-  exchange: Exchange | null = null
-
-  override _read(): void {
-    this.exchange?.resume()
-  }
-
-  override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
-    if (!this.readableEnded) this.exchange?.abort()
-    cb(err)
-  }
-}
-
-/** The head of an answer Paygate writes itself on a fast-path connection. */
-function answerHead(status: number, headers: OutgoingHttpHeaders, chunked: boolean, close: boolean): string {
-  let out = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\n`
-  for (const k in headers) {
-    const v = headers[k]
-    if (v === undefined) continue
-    if (Array.isArray(v)) for (const x of v) out += `${k}: ${x}\r\n`
-    else out += `${k}: ${v}\r\n`
-  }
-  if (chunked) out += 'transfer-encoding: chunked\r\n'
-  if (close) out += 'connection: close\r\n'
-  return `${out}\r\n`
-}
-
-const noBodyAnswer = (method: string, status: number): boolean => method === 'HEAD' || status === 204 || status === 304 || status < 200
 
 function hostMatches(list: readonly string[], host: string): boolean {
   return list.some((e) => e === host || (e.startsWith('*.') && host.endsWith(e.slice(1))))
@@ -438,7 +403,7 @@ export class ProxyServer implements FastHost {
       const id = await this.identity.of(head.map as IncomingHttpHeaders)
       if (!id) {
         this.counters.authFailures++
-        return this.writeAnswer(conn, 'GET', 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
+        return writeAnswer(conn, 'GET', 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
       }
       agentId = id
       let u: URL
@@ -460,7 +425,7 @@ export class ProxyServer implements FastHost {
     try {
       const payReq: PayRequest = { agentId, url, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders), body: null }
       const start = await this.d.engine.begin(payReq)
-      const first = await this.firstSend(conn, start, dest, host, path, method)
+      const first = await sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
       if (first.kind === 'relayed') {
         status = first.status
         return
@@ -468,7 +433,7 @@ export class ProxyServer implements FastHost {
       const out = first.kind === 'engine' ? await this.d.engine.resume(start, first.response) : await this.d.engine.pay(payReq)
       const a = this.answerOf(out)
       ;({ status, paid, errorCode } = a)
-      await this.writeAnswer(conn, method, status, a.headers, out.response.body)
+      await writeAnswer(conn, method, status, a.headers, out.response.body)
     } catch (e) {
       const err = this.failure(e, agentId)
       errorCode = err.code
@@ -479,131 +444,9 @@ export class ProxyServer implements FastHost {
     }
   }
 
-  /**
-   * The first send on the proxy's own keep-alive connection. An answer the engine has no
-   * business with (no 402, no MPP session used) is relayed to the agent byte for byte as it
-   * arrives; anything else becomes an UpstreamResponse for the engine.
-   */
-  private firstSend(conn: FastConn, start: PayStart, dest: Origin, authority: string, path: string, method: string): Promise<FirstSend> {
-    let out = `${method} ${path} HTTP/1.1\r\nhost: ${authority}\r\n`
-    const h = start.req.headers
-    for (const k in h) out += `${k}: ${h[k]}\r\n`
-    for (const k in start.firstHeaders) out += `${k}: ${start.firstHeaders[k]}\r\n`
-    const request = `${out}\r\n`
-    const socket = conn.socket
-    return new Promise<FirstSend>((resolve, reject) => {
-      let mode: 'wait' | 'relay' | 'engine' = 'wait'
-      let relayed = 0
-      let body: ExchangeBody | null = null
-      let corked = false
-      let retried = false
-      let ex: Exchange
-      const onDrain = (): void => ex.resume()
-      const sink = {
-        head: (head: ResponseHead, framing: Framing | null): boolean => {
-          if (!framing) {
-            resolve({ kind: 'fallback' })
-            return false
-          }
-          if (PaymentEngine.relayable(start, head.status)) {
-            mode = 'relay'
-            relayed = head.status
-            if (!conn.alive) {
-              ex.abort()
-              return false
-            }
-            socket.cork()
-            corked = true
-            socket.write(relayResponseHead(head, conn.closeAfter), 'latin1')
-            return false
-          }
-          // The engine reads the body itself, so it gets it without the chunked framing.
-          mode = 'engine'
-          body = new ExchangeBody()
-          body.exchange = ex
-          resolve({ kind: 'engine', response: { status: head.status, headers: head.map, body } })
-          return true
-        },
-        data: (chunk: Buffer): boolean => {
-          if (mode === 'engine') return body!.push(chunk)
-          if (socket.write(chunk)) return true
-          socket.once('drain', onDrain)
-          return false
-        },
-        end: (): void => {
-          if (mode === 'engine') body!.push(null)
-          else resolve({ kind: 'relayed', status: relayed })
-        },
-        flush: (): void => {
-          if (corked) {
-            corked = false
-            socket.uncork()
-          }
-        },
-        error: (e: UpstreamError, stale: boolean): void => {
-          if (mode === 'wait') {
-            // A pooled connection the target had closed: once more on a new one (the method is idempotent).
-            if (stale && !retried) {
-              retried = true
-              ex = this.origins.request(dest, request, method, sink, true)
-              return
-            }
-            return reject(new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`))
-          }
-          if (mode === 'engine') return void body!.destroy(e)
-          // Mid-relay: the agent has part of an answer, so only closing tells it something broke.
-          socket.destroy()
-          resolve({ kind: 'relayed', status: relayed })
-        },
-      }
-      ex = this.origins.request(dest, request, method, sink)
-      conn.onGone = () => {
-        ex.abort()
-        if (mode !== 'engine') resolve({ kind: 'relayed', status: 0 })
-      }
-    })
-  }
-
-  /** Write an answer Paygate composed (engine outcomes, errors) on a fast-path connection, with backpressure. */
-  private async writeAnswer(conn: FastConn, method: string, status: number, headers: OutgoingHttpHeaders, body: Readable | Buffer | null): Promise<void> {
-    const socket = conn.socket
-    if (!conn.alive) {
-      if (body instanceof Readable) body.destroy()
-      return
-    }
-    const noBody = noBodyAnswer(method, status)
-    const chunked = !noBody && headers['content-length'] === undefined
-    socket.write(answerHead(status, headers, chunked, conn.closeAfter), 'latin1')
-    if (noBody || body === null) {
-      if (body instanceof Readable) body.destroy()
-      if (chunked) socket.write('0\r\n\r\n')
-      return
-    }
-    if (Buffer.isBuffer(body)) {
-      socket.write(chunked ? Buffer.concat([Buffer.from(`${body.length.toString(16)}\r\n`), body, Buffer.from('\r\n0\r\n\r\n')]) : body)
-      return
-    }
-    const gone = new Promise<void>((r) => (conn.onGone = r))
-    try {
-      for await (const c of body as AsyncIterable<Buffer>) {
-        if (!c.length) continue
-        const ok = chunked ? socket.write(`${c.length.toString(16)}\r\n`) && socket.write(c) && socket.write('\r\n') : socket.write(c)
-        if (!ok) await Promise.race([new Promise((r) => socket.once('drain', r)), gone])
-        if (!conn.alive) {
-          body.destroy()
-          return
-        }
-      }
-      if (chunked) socket.write('0\r\n\r\n')
-    } catch {
-      // The target's body broke off: the agent can only learn it from the connection closing.
-      socket.destroy()
-    }
-  }
-
   private writeError(conn: FastConn, e: PaygateError): Promise<void> {
     const body = Buffer.from(JSON.stringify(e.toBody()))
-    return this.writeAnswer(conn, 'GET', e.status, { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body)
+    return writeAnswer(conn, 'GET', e.status, { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body)
   }
 
   // ---- CONNECT --------------------------------------------------------------------------

@@ -2,6 +2,7 @@ import t from 'tap'
 import { createServer, type IncomingMessage, type Server } from 'node:http'
 import { connect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
 import { rmSync } from 'node:fs'
+import { ProxyAgent, request } from 'undici'
 import { startTestGateway, tempDir } from '../helpers/gateway.js'
 
 /**
@@ -179,4 +180,26 @@ t.test('an unreachable target is a 502 with the error body', async (t) => {
   t.match(got, /^HTTP\/1\.1 502 Bad Gateway\r\n/)
   t.match(got, /x-paygate-error: upstream_unreachable/)
   t.match(got, /"error":"upstream_unreachable"/)
+})
+
+t.test('an answer Paygate re-frames (chunked) keeps every byte under backpressure', async (t) => {
+  const SIZE = 4 * 1024 * 1024
+  const payload = Buffer.alloc(SIZE)
+  for (let i = 0; i < SIZE; i++) payload[i] = i % 251
+  // Close-delimited: the fast path leaves it to the engine, whose answer has no length.
+  const old = createNetServer((s) => {
+    s.on('error', () => {}) // the fast path hangs up on the first answer once it sees no length
+    s.once('data', () => {
+      s.write('HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\r\n')
+      s.end(payload)
+    })
+  })
+  const addr = await listen(old)
+  const agent = new ProxyAgent({ uri: gw.gw.proxyUrl, proxyTunnel: false } as never)
+  t.teardown(() => agent.close())
+  const r = await request(`http://${addr}/big`, { dispatcher: agent })
+  t.equal(r.headers['transfer-encoding'], 'chunked')
+  const got = Buffer.from(await r.body.arrayBuffer())
+  t.equal(got.length, SIZE)
+  t.ok(got.equals(payload), 'the same bytes')
 })

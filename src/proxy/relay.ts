@@ -1,0 +1,201 @@
+import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http'
+import { Readable } from 'node:stream'
+import { PaymentEngine, type PayStart } from '../engine/engine.js'
+import type { UpstreamError, UpstreamResponse } from '../engine/upstream.js'
+import { PaygateError } from '../errors/index.js'
+import type { FastConn } from './fast.js'
+import { relayResponseHead, type Framing, type ResponseHead } from './http1.js'
+import type { Exchange, ExchangeSink, Origin, OriginPool } from './origins.js'
+
+/** What the first send on the fast path came to. */
+export type FirstSend =
+  | { kind: 'relayed'; status: number }
+  | { kind: 'engine'; response: UpstreamResponse }
+  /** A response the fast path leaves alone: the engine asks again on its own client (the method is idempotent). */
+  | { kind: 'fallback' }
+
+/** The request head for the target: origin-form, Host from the URL, the engine's headers. */
+export function requestHead(method: string, path: string, authority: string, start: PayStart): string {
+  let out = `${method} ${path} HTTP/1.1\r\nhost: ${authority}\r\n`
+  const h = start.req.headers
+  for (const k in h) out += `${k}: ${h[k]}\r\n`
+  for (const k in start.firstHeaders) out += `${k}: ${start.firstHeaders[k]}\r\n`
+  return `${out}\r\n`
+}
+
+/** An answer body read from the fast path's exchange, for the engine (402s, session calls). */
+class ExchangeBody extends Readable {
+  constructor(private readonly exchange: Exchange) {
+    super()
+  }
+
+  override _read(): void {
+    this.exchange.resume()
+  }
+
+  override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
+    if (!this.readableEnded) this.exchange.abort()
+    cb(err)
+  }
+}
+
+/**
+ * The first send on the proxy's own keep-alive connection. An answer the engine has no
+ * business with (no 402, no MPP session used) is relayed to the agent byte for byte as it
+ * arrives; anything else becomes an UpstreamResponse for the engine. A class rather than
+ * closures: this runs for every proxied request.
+ */
+class FirstSendSink implements ExchangeSink {
+  private mode: 'wait' | 'relay' | 'engine' = 'wait'
+  private status = 0
+  private body: ExchangeBody | null = null
+  private corked = false
+  private retried = false
+  exchange!: Exchange
+
+  constructor(
+    private readonly pool: OriginPool,
+    private readonly conn: FastConn,
+    private readonly start: PayStart,
+    private readonly dest: Origin,
+    private readonly request: string,
+    private readonly method: string,
+    private readonly resolve: (r: FirstSend) => void,
+    private readonly reject: (e: Error) => void,
+  ) {}
+
+  send(fresh: boolean): void {
+    this.exchange = this.pool.request(this.dest, this.request, this.method, this, fresh)
+  }
+
+  readonly onDrain = (): void => this.exchange.resume()
+
+  /** The agent went away. */
+  gone(): void {
+    this.exchange.abort()
+    if (this.mode !== 'engine') this.resolve({ kind: 'relayed', status: 0 })
+  }
+
+  head(head: ResponseHead, framing: Framing | null): boolean {
+    if (!framing) {
+      this.resolve({ kind: 'fallback' })
+      return false
+    }
+    if (PaymentEngine.relayable(this.start, head.status)) {
+      this.mode = 'relay'
+      this.status = head.status
+      if (!this.conn.alive) {
+        this.exchange.abort()
+        return false
+      }
+      this.conn.socket.cork()
+      this.corked = true
+      this.conn.socket.write(relayResponseHead(head, this.conn.closeAfter), 'latin1')
+      return false
+    }
+    // The engine reads the body itself, so it gets it without the chunked framing.
+    this.mode = 'engine'
+    this.body = new ExchangeBody(this.exchange)
+    this.resolve({ kind: 'engine', response: { status: head.status, headers: head.map, body: this.body } })
+    return true
+  }
+
+  data(chunk: Buffer): boolean {
+    if (this.mode === 'engine') return this.body!.push(chunk)
+    if (this.conn.socket.write(chunk)) return true
+    this.conn.socket.once('drain', this.onDrain)
+    return false
+  }
+
+  end(): void {
+    if (this.mode === 'engine') this.body!.push(null)
+    else this.resolve({ kind: 'relayed', status: this.status })
+  }
+
+  flush(): void {
+    if (!this.corked) return
+    this.corked = false
+    this.conn.socket.uncork()
+  }
+
+  error(e: UpstreamError, stale: boolean): void {
+    if (this.mode === 'wait') {
+      // A pooled connection the target had closed: once more on a new one (the method is idempotent).
+      if (stale && !this.retried) {
+        this.retried = true
+        return this.send(true)
+      }
+      return this.reject(new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`))
+    }
+    if (this.mode === 'engine') return void this.body!.destroy(e)
+    // Mid-relay: the agent has part of an answer, so only closing tells it something broke.
+    this.conn.socket.destroy()
+    this.resolve({ kind: 'relayed', status: this.status })
+  }
+}
+
+export function sendFirst(pool: OriginPool, conn: FastConn, start: PayStart, dest: Origin, head: string, method: string): Promise<FirstSend> {
+  return new Promise<FirstSend>((resolve, reject) => {
+    const sink = new FirstSendSink(pool, conn, start, dest, head, method, resolve, reject)
+    sink.send(false)
+    conn.onGone = () => sink.gone()
+  })
+}
+
+/** The head of an answer Paygate composed itself. */
+function answerHead(status: number, headers: OutgoingHttpHeaders, chunked: boolean, close: boolean): string {
+  let out = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\n`
+  for (const k in headers) {
+    const v = headers[k]
+    if (v === undefined) continue
+    if (Array.isArray(v)) for (const x of v) out += `${k}: ${x}\r\n`
+    else out += `${k}: ${v}\r\n`
+  }
+  if (chunked) out += 'transfer-encoding: chunked\r\n'
+  if (close) out += 'connection: close\r\n'
+  return `${out}\r\n`
+}
+
+const noBodyAnswer = (method: string, status: number): boolean => method === 'HEAD' || status === 204 || status === 304 || status < 200
+
+/** Write an answer Paygate composed (engine outcomes, errors) on a fast-path connection, with backpressure. */
+export async function writeAnswer(conn: FastConn, method: string, status: number, headers: OutgoingHttpHeaders, body: Readable | Buffer | null): Promise<void> {
+  const socket = conn.socket
+  if (!conn.alive) {
+    if (body instanceof Readable) body.destroy()
+    return
+  }
+  const noBody = noBodyAnswer(method, status)
+  const chunked = !noBody && headers['content-length'] === undefined
+  socket.write(answerHead(status, headers, chunked, conn.closeAfter), 'latin1')
+  if (noBody || body === null) {
+    if (body instanceof Readable) body.destroy()
+    if (chunked) socket.write('0\r\n\r\n')
+    return
+  }
+  if (Buffer.isBuffer(body)) {
+    socket.write(chunked ? Buffer.concat([Buffer.from(`${body.length.toString(16)}\r\n`), body, Buffer.from('\r\n0\r\n\r\n')]) : body)
+    return
+  }
+  const gone = new Promise<void>((r) => (conn.onGone = r))
+  try {
+    for await (const c of body as AsyncIterable<Buffer>) {
+      if (!c.length) continue
+      let ok: boolean
+      if (chunked) {
+        socket.write(`${c.length.toString(16)}\r\n`)
+        socket.write(c)
+        ok = socket.write('\r\n')
+      } else ok = socket.write(c)
+      if (!ok) await Promise.race([new Promise((r) => socket.once('drain', r)), gone])
+      if (!conn.alive) {
+        body.destroy()
+        return
+      }
+    }
+    if (chunked) socket.write('0\r\n\r\n')
+  } catch {
+    // The target's body broke off: the agent can only learn it from the connection closing.
+    socket.destroy()
+  }
+}
