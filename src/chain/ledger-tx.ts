@@ -2,6 +2,7 @@ import type { Hex } from 'viem'
 import { keccak256, keccak256Bytes } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
 import { paymentLedgerAbi } from './contracts/abis.js'
+import { Lru } from '../util/lru.js'
 import { signEip1559 } from './eip1559.js'
 
 export interface LedgerEntry {
@@ -73,10 +74,18 @@ export function encodeRecordCall(e: LedgerEntry): Buffer {
   return out
 }
 
+/** Agents pay the same few endpoints over and over: the URL parse and path hash are kept per URL. */
+const locations = new Lru<string, Readonly<{ origin: string; pathHash: Hex }>>(1024)
+
 /** Split a URL into what the ledger may hold: the bare origin and the keccak of the path. */
-export function ledgerLocation(url: string): { origin: string; pathHash: Hex } {
-  const u = new URL(url)
-  return { origin: u.origin, pathHash: keccak256(u.pathname, 'utf8') }
+export function ledgerLocation(url: string): Readonly<{ origin: string; pathHash: Hex }> {
+  let loc = locations.get(url)
+  if (!loc) {
+    const u = new URL(url)
+    loc = Object.freeze({ origin: u.origin, pathHash: keccak256(u.pathname, 'utf8') })
+    locations.set(url, loc)
+  }
+  return loc
 }
 
 function addressBytes(a: string): Buffer {

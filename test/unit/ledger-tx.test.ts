@@ -1,11 +1,11 @@
 import t from 'tap'
 import { randomBytes, randomInt } from 'node:crypto'
-import { encodeFunctionData, keccak256, serializeTransaction, type Hex } from 'viem'
+import { encodeFunctionData, keccak256, serializeTransaction, toHex, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import type { Chain } from '../../src/chain/chain.js'
 import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { serializeEip1559, type Eip1559Fields } from '../../src/chain/eip1559.js'
-import { encodeRecordCall, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
+import { encodeRecordCall, ledgerLocation, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
 import { FastSigner } from '../../src/crypto/secp256k1.js'
 
 /**
@@ -148,4 +148,18 @@ t.test('LedgerWriter.sign equals viem: encodeFunctionData + signTransaction, and
       }
     }
   }
+})
+
+t.test('ledgerLocation: origin and path hash, kept per URL and frozen', async (t) => {
+  const urls = ['http://127.0.0.1:8080/paid', 'https://merchant.example.com/a/b?q=1#f', 'https://user:pw@merchant.example.com:8443/x%20y', 'http://[::1]:9/']
+  for (const url of urls) {
+    const u = new URL(url)
+    const want = { origin: u.origin, pathHash: keccak256(toHex(u.pathname)) }
+    t.same(ledgerLocation(url), want, url)
+    const again = ledgerLocation(url)
+    t.equal(again, ledgerLocation(url), 'the same object from the cache')
+    t.same(again, want)
+    t.ok(Object.isFrozen(again))
+  }
+  t.throws(() => ledgerLocation('not a url'))
 })
