@@ -16,6 +16,7 @@ import {
   readSettlement,
   sameOrigin,
   typedData,
+  transferTypedData,
   typedDataDigest,
 } from '../../src/protocols/x402.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../src/protocols/types.js'
@@ -587,4 +588,26 @@ t.test('typedDataDigest equals viem hashTypedData', async (t) => {
     }, chainId, { name: 'USD Coin', version: '2' })
     t.equal(typedDataDigest(data), hashTypedData(data), `chain ${chainId}`)
   }
+  // Randomized: domains (cached separators included), addresses, edge values, nonces.
+  const addr = (): Hex => privateKeyToAccount(generatePrivateKey()).address
+  const names = ['USD Coin', 'USDC', '', 'Ünïcødé 🙂 token', 'x'.repeat(100)]
+  const uints = [0n, 1n, 2n ** 256n - 1n, 2n ** 128n, 1_900_000_000n]
+  let bad = 0
+  for (let i = 0; i < 300; i++) {
+    const data = transferTypedData(
+      {
+        from: addr(),
+        to: addr(),
+        value: uints[i % uints.length]!,
+        validAfter: uints[(i + 1) % uints.length]!,
+        validBefore: uints[(i + 2) % uints.length]!,
+        nonce: `0x${Buffer.from(Array.from({ length: 32 }, (_, j) => (i * 31 + j * 7) & 0xff)).toString('hex')}`,
+      },
+      { name: names[i % names.length]!, version: String(i % 3), chainId: [1, 8453, 31337, 2 ** 31][i % 4]!, verifyingContract: i % 2 ? TOKEN : OTHER },
+    )
+    if (typedDataDigest(data) !== hashTypedData(data)) bad++
+  }
+  t.equal(bad, 0, '300 random typed data')
+  const over = transferTypedData({ from: PAY_TO, to: PAY_TO, value: 2n ** 256n, validAfter: 0n, validBefore: 1n, nonce: `0x${'11'.repeat(32)}` }, { name: 'USD Coin', version: '2', chainId: 1, verifyingContract: TOKEN })
+  t.throws(() => typedDataDigest(over), PaygateError, 'a value over uint256 is refused')
 })
