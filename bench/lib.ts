@@ -45,5 +45,5 @@ export async function throughput(workers: number, count: number, maxMs: number, 
 
 export const fmt = (n: number, d = 2): string => n.toFixed(d)
 
-/** `BENCH_PROFILE=<dir>`: the gateway process writes a V8 CPU profile there when it stops. */
+/** `BENCH_PROFILE=<dir>`: each benchmark's gateway process writes a V8 CPU profile there when it stops. */
 export const gatewayNodeArgs = (): string[] => (process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : [])

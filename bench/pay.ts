@@ -20,7 +20,7 @@ import { fmt, gatewayNodeArgs, throughput, timeSequential } from './lib.js'
 
 export async function benchPay(opts: { sequential: number; concurrent: number; maxMs: number }): Promise<void> {
   const dataDir = tempDir('paygate-bench-')
-  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000', PAYGATE_API_RATE_LIMIT_BURST: '10000000' }, [], gatewayNodeArgs())
+  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000', PAYGATE_API_RATE_LIMIT_BURST: '10000000' }, [], gatewayNodeArgs(), false)
   const accountKey = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(gw.url, 'GET', '/v1/chain', accountKey)).body
   const chain = createPublicClient({ transport: http(info.rpcUrl) })

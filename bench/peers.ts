@@ -12,7 +12,7 @@ import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { fmt } from './lib.js'
+import { fmt, gatewayNodeArgs } from './lib.js'
 
 const run = promisify(execFile)
 const has = async (bin: string): Promise<boolean> => run('sh', ['-c', `command -v ${bin}`]).then(() => true, () => false)
@@ -117,7 +117,7 @@ export async function benchPeers(seconds = 5): Promise<void> {
       console.log(`${name.padEnd(22)} ${fmt(r.rps, 0).padStart(7)} req/s  p50 ${r.p50}  p99 ${r.p99}  (${fmt(r.rps / direct.rps)}x direct)`)
     line('direct', direct)
 
-    const gw = await spawnGateway({ PAYGATE_DATA_DIR: join(dir, 'data'), PAYGATE_LOG_LEVEL: 'info' })
+    const gw = await spawnGateway({ PAYGATE_DATA_DIR: join(dir, 'data'), PAYGATE_LOG_LEVEL: 'info' }, [], gatewayNodeArgs(), false)
     const acct = readFileSync(join(dir, 'data', 'account-key'), 'utf8').trim()
     const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string
     const proxyUrl = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started').proxy as string

@@ -14,7 +14,7 @@ import { Agent, Pool, ProxyAgent, request } from 'undici'
 import { CertificateAuthority } from '../src/proxy/ca.js'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { fmt, throughput, timeSequential, type Latencies } from './lib.js'
+import { fmt, gatewayNodeArgs, throughput, timeSequential, type Latencies } from './lib.js'
 import { startMitmproxy } from './peers.js'
 
 export async function benchProxy(opts: { count: number; maxMs: number }): Promise<void> {
@@ -36,7 +36,7 @@ export async function benchProxy(opts: { count: number; maxMs: number }): Promis
   const plainUrl = `http://127.0.0.1:${(plain.address() as AddressInfo).port}`
   const tlsUrl = `https://127.0.0.1:${(tls.address() as AddressInfo).port}`
 
-  const gw = await spawnGateway({ PAYGATE_DATA_DIR: join(dir, 'data'), PAYGATE_UPSTREAM_CA_FILE: caFile })
+  const gw = await spawnGateway({ PAYGATE_DATA_DIR: join(dir, 'data'), PAYGATE_UPSTREAM_CA_FILE: caFile }, [], gatewayNodeArgs(), false)
   try {
   const acct = readFileSync(join(dir, 'data', 'account-key'), 'utf8').trim()
   const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string

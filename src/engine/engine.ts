@@ -130,6 +130,11 @@ export class PaymentEngine {
     })
   }
 
+  /** Sent as `Accept-Payment` with requests that carry none; a caller building headers may add it itself (saves a copy). */
+  get acceptPayment(): string | undefined {
+    return this.d.acceptPayment
+  }
+
   get payable(): PayableChain {
     const { chainId, network, token } = this.d.chain.info
     return { chainId, networkName: network, token }
@@ -153,7 +158,7 @@ export class PaymentEngine {
     const parent = req.parentTxHash ? await this.parentOf(req.parentTxHash) : null
     const policy = await this.d.policies.policyOf(agentId)
     // A valid MPP session with this service is sent along: no payment if the target takes it.
-    let session = await this.d.mpp.session(agentId, req.url)
+    let session = await this.d.mpp.session(agentId, req.url, req.origin)
     if (session && !domainPermitted(policy, domainOf(req.url))) session = null
     if (this.d.acceptPayment && req.headers['accept-payment'] === undefined) req = { ...req, headers: { ...req.headers, 'accept-payment': this.d.acceptPayment } }
     return { req, parent, policy, session, firstHeaders: session ? { [SESSION_HEADER]: session.token } : NO_HEADERS }

@@ -88,3 +88,22 @@ export function unredacted(log: Logger): Logger {
   const stream = (log as unknown as Record<symbol, DestinationStream>)[pino.symbols.streamSym]!
   return pino({ ...OPTIONS, level: log.level }, stream)
 }
+
+/**
+ * A writer for one fixed line shape at info level, for the proxy's line per request: the
+ * JSON pino would write (level, time, service, the fields, msg), built directly, without
+ * pino's generic serializer (~5% of a proxied request). Fields must carry no secret.
+ */
+export function infoLine(log: Logger, msg: string): (fields: Record<string, string | number | undefined>) => void {
+  const stream = (log as unknown as Record<symbol, DestinationStream>)[pino.symbols.streamSym]!
+  const tail = `,"msg":${JSON.stringify(msg)}}\n`
+  return (fields) => {
+    if (!log.isLevelEnabled('info')) return
+    let line = `{"level":"info"${isoTime()},"service":"paygate"`
+    for (const k in fields) {
+      const v = fields[k]
+      if (v !== undefined) line += `,"${k}":${typeof v === 'number' ? v : JSON.stringify(v)}`
+    }
+    stream.write(line + tail)
+  }
+}

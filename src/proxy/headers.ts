@@ -4,10 +4,13 @@ import { connectionTokens, HOP_BY_HOP } from './http1.js'
 /**
  * Request headers for the target: no hop-by-hop fields, no `Host` (the client sets it
  * from the URL), no `X-Paygate-*` (Paygate's own controls). Multi-valued fields are joined.
+ * `acceptPayment`: sent as Accept-Payment unless the agent sent one.
  */
-export function forwardRequestHeaders(h: IncomingHttpHeaders): Record<string, string> {
+export function forwardRequestHeaders(h: IncomingHttpHeaders, acceptPayment?: string): Record<string, string> {
   const drop = connectionTokens(h.connection)
   const out: Record<string, string> = {}
+  // First, so an agent's own Accept-Payment replaces it.
+  if (acceptPayment !== undefined) out['accept-payment'] = acceptPayment
   for (const k in h) {
     const v = h[k]
     if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k) || k === 'host' || k.startsWith('x-paygate-')) continue

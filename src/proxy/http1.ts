@@ -233,3 +233,43 @@ export function relayResponseHead(head: ResponseHead, close: boolean): string {
   }
   return `${out}${close ? 'connection: close\r\n' : ''}\r\n`
 }
+
+export interface HttpTarget {
+  /** As `new URL(target).href`. */
+  href: string
+  /** `host[:port]`, the port only when not 80 (as URL.host). */
+  authority: string
+  hostname: string
+  port: number
+  /** Path and query (origin-form). */
+  path: string
+}
+
+const ABS_HTTP = /^http:\/\/([A-Za-z0-9.-]+)(?::([1-9]\d{0,4}))?(\/[A-Za-z0-9\-._~!$&()*+,;=:@/%?]*)?$/
+const DNS_NAME = /^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*\.?$/
+const DOTTED_QUAD = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/
+/** A last label WHATWG URL would read as (part of) an IPv4 address. */
+const NUMERIC_LABEL = /(?:^|\.)(?:\d+|0x[0-9a-f]*)\.?$/
+/** Dot segments, plain or percent-encoded, which URL would resolve. */
+const DOT_SEGMENT = /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i
+
+/**
+ * An absolute-form `http://` target read without `new URL` (a parse per proxied request
+ * showed in the profile), for the common shapes whose URL serialization is the input
+ * itself: a DNS name or dotted quad, a plain port, a path of URL-safe characters without
+ * dot segments. Anything else returns null and goes through `new URL`.
+ */
+export function simpleHttpTarget(target: string): HttpTarget | null {
+  const m = ABS_HTTP.exec(target)
+  if (!m) return null
+  const hostname = m[1]!.toLowerCase()
+  if (!DNS_NAME.test(hostname) || (NUMERIC_LABEL.test(hostname) && !DOTTED_QUAD.test(hostname))) return null
+  const port = m[2] ? Number(m[2]) : 80
+  if (port > 65535) return null
+  const path = m[3] ?? '/'
+  const q = path.indexOf('?')
+  // An empty query ("/x?") is kept by href but not by pathname + search: leave it to URL.
+  if (q === path.length - 1 || DOT_SEGMENT.test(q < 0 ? path : path.slice(0, q))) return null
+  const authority = port === 80 ? hostname : `${hostname}:${port}`
+  return { href: `http://${authority}${path}`, authority, hostname, port, path }
+}

@@ -163,7 +163,6 @@ export class OriginPool {
   constructor(
     private readonly secureContext: SecureContext | undefined,
     private readonly timeoutMs = 30_000,
-    private readonly idleMs = 30_000,
     private readonly maxIdlePerOrigin = 256,
   ) {}
 
@@ -173,7 +172,6 @@ export class OriginPool {
     const conn = (!fresh && this.idle.get(key)?.pop()) || this.open(o, key)
     const ex = new Exchange(conn, method, sink, this)
     conn.exchange = ex
-    conn.socket.setTimeout(this.timeoutMs)
     conn.socket.write(head, 'latin1')
     return ex
   }
@@ -182,6 +180,9 @@ export class OriginPool {
     const socket = o.https
       ? tlsConnect({ host: o.host, port: o.port, ALPNProtocols: ['http/1.1'], ...(isIP(o.host) ? {} : { servername: o.host }), ...(this.secureContext ? { secureContext: this.secureContext } : {}) })
       : netConnect({ host: o.host, port: o.port })
+    // One inactivity limit for both states (answer pending: a timeout; idle: closed), set
+    // once: re-arming a socket timer per request shows in the profile.
+    socket.setTimeout(this.timeoutMs)
     const conn = new OriginConn(socket, key, this)
     this.all.add(conn)
     return conn
@@ -194,7 +195,6 @@ export class OriginPool {
       return
     }
     conn.reused = true
-    conn.socket.setTimeout(this.idleMs)
     if (conn.socket.isPaused()) conn.socket.resume()
     list.push(conn)
     this.idle.set(conn.key, list)

@@ -68,8 +68,6 @@ class FirstSendSink implements ExchangeSink {
     this.exchange = this.pool.request(this.dest, this.request, this.method, this, fresh)
   }
 
-  readonly onDrain = (): void => this.exchange.resume()
-
   /** The agent went away. */
   gone(): void {
     this.exchange.abort()
@@ -103,7 +101,7 @@ class FirstSendSink implements ExchangeSink {
   data(chunk: Buffer): boolean {
     if (this.mode === 'engine') return this.body!.push(chunk)
     if (this.conn.socket.write(chunk)) return true
-    this.conn.socket.once('drain', this.onDrain)
+    this.conn.socket.once('drain', () => this.exchange.resume())
     return false
   }
 

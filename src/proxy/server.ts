@@ -8,12 +8,12 @@ import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { readBody, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
-import { unredacted, type Logger } from '../log/index.js'
+import { infoLine, type Logger } from '../log/index.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
 import { forwardRequestHeaders, forwardResponseHeaders, headerValue } from './headers.js'
-import type { RequestHead } from './http1.js'
+import { simpleHttpTarget, type HttpTarget, type RequestHead } from './http1.js'
 import { ProxyIdentity } from './identity.js'
 import { OriginPool, type Origin } from './origins.js'
 import { requestHead, sendFirst, writeAnswer } from './relay.js'
@@ -119,6 +119,19 @@ function splitAuthority(authority: string): { host: string; port: number } | nul
   return port > 0 && port < 65536 ? { host: m[1]!.toLowerCase(), port } : null
 }
 
+/** An absolute-form http:// target through WHATWG URL (the shapes simpleHttpTarget leaves). */
+function slowHttpTarget(target: string): HttpTarget | null {
+  let u: URL
+  try {
+    u = new URL(target)
+  } catch {
+    return null
+  }
+  if (u.protocol !== 'http:') return null
+  const hostname = u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname
+  return { href: u.href, authority: u.host, hostname, port: u.port ? Number(u.port) : 80, path: u.pathname + u.search }
+}
+
 const urlHost = (host: string): string => (isIP(host) === 6 ? `[${host}]` : host)
 
 function tunnelTo(agentId: string, scheme: 'http' | 'https', host: string, port: number): Tunnel {
@@ -148,16 +161,16 @@ export class ProxyServer implements FastHost {
   private closing = false
   private readonly tunnels = new WeakMap<object, Tunnel>()
   private readonly ws = httpProxy.createProxyServer({ ws: true, xfwd: false })
-  /** The line per request: its fields are fixed and secret-free, so it skips redaction. */
-  private readonly access: Logger
+  /** The line per request: its fields are fixed and secret-free. */
+  private readonly access: ReturnType<typeof infoLine>
   private readonly identity: ProxyIdentity
   readonly counters = { requests: 0, paid: 0, rejected: 0, errors: 0, connects: 0, authFailures: 0 }
 
   constructor(private readonly d: ProxyDeps) {
-    this.access = unredacted(d.log)
+    this.access = infoLine(d.log, 'proxy request')
     this.identity = new ProxyIdentity(d.registry, d.defaultAgent)
     this.origins = new OriginPool(d.upstream.secureContext)
-    this.server = createNetServer((socket) => this.startFast(socket, null))
+    this.server = createNetServer({ noDelay: true }, (socket) => this.startFast(socket, null))
     this.http = createServer({ keepAliveTimeout: 65_000 })
     this.inner = createServer({ keepAliveTimeout: 65_000 })
     this.http.on('request', (req, res) => void this.onRequest(req, res))
@@ -304,10 +317,7 @@ export class ProxyServer implements FastHost {
   }
 
   private logRequest(agentId: string, method: string, host: string, status: number, paid: bigint | null, error: string | undefined, started: number): void {
-    this.access.info(
-      { agentId, method, host, status, paidUsdc: paid === null ? undefined : formatUnits(paid), error, ms: Math.round((performance.now() - started) * 100) / 100 },
-      'proxy request',
-    )
+    this.access({ agentId, method, host, status, paidUsdc: paid === null ? undefined : formatUnits(paid), error, ms: Math.round((performance.now() - started) * 100) / 100 })
   }
 
   /** With X-Paygate-Idempotency-Key: the answer is kept (bounded) and replayed; never a second payment. */
@@ -395,8 +405,9 @@ export class ProxyServer implements FastHost {
     let host: string
     let dest: Origin
     let path: string
+    let origin: string
     if (conn.tunnel) {
-      ;({ agentId, authority: host, dest } = conn.tunnel)
+      ;({ agentId, authority: host, dest, origin } = conn.tunnel)
       url = conn.tunnel.origin + head.target
       path = head.target
     } else {
@@ -406,16 +417,15 @@ export class ProxyServer implements FastHost {
         return writeAnswer(conn, 'GET', 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
       }
       agentId = id
-      let u: URL
-      try {
-        u = new URL(head.target)
-      } catch {
+      const target = simpleHttpTarget(head.target) ?? slowHttpTarget(head.target)
+      if (!target) {
         return this.writeError(conn, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
       }
-      url = u.href
-      host = u.host
-      path = u.pathname + u.search
-      dest = { https: false, host: u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname, port: u.port ? Number(u.port) : 80 }
+      url = target.href
+      host = target.authority
+      path = target.path
+      origin = `http://${target.authority}`
+      dest = { https: false, host: target.hostname, port: target.port }
     }
     this.counters.requests++
     const method = head.method
@@ -423,7 +433,7 @@ export class ProxyServer implements FastHost {
     let paid: bigint | null = null
     let errorCode: string | undefined
     try {
-      const payReq: PayRequest = { agentId, url, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders), body: null }
+      const payReq: PayRequest = { agentId, url, origin, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders, this.d.engine.acceptPayment), body: null }
       const start = await this.d.engine.begin(payReq)
       const first = await sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
       if (first.kind === 'relayed') {

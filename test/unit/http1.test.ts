@@ -1,5 +1,5 @@
 import t from 'tap'
-import { BodyFramer, headEnd, parseRequestHead, parseResponseHead, relayResponseHead, responseFraming, type Framing } from '../../src/proxy/http1.js'
+import { BodyFramer, headEnd, parseRequestHead, parseResponseHead, relayResponseHead, responseFraming, simpleHttpTarget, type Framing } from '../../src/proxy/http1.js'
 
 const req = (text: string) => {
   const b = Buffer.from(text, 'latin1')
@@ -93,4 +93,55 @@ t.test('relayed heads drop hop-by-hop fields and keep the body framing', async (
   const h = res('HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nProxy-Authenticate: Basic\r\n\r\n')
   t.equal(relayResponseHead(h, false), 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n')
   t.equal(relayResponseHead(res('HTTP/1.1 204 No Content\r\n\r\n'), true), 'HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n')
+})
+
+t.test('simple absolute-form targets read exactly as new URL reads them', async (t) => {
+  const cases = [
+    'http://a.example/x?y=1',
+    'http://A.Example:8080/Path/To?Q=%20',
+    'http://127.0.0.1:18080/',
+    'http://example.com:80/x',
+    'http://example.com',
+    'http://example.com./a;b=c/@d:e',
+    'http://example.com/a/./b',
+    'http://example.com/a/%2E%2E/b',
+    'http://example.com/..',
+    'http://127.1/',
+    'http://0x7f.0.0.1/',
+    'http://foo.123/',
+    'http://010.0.0.1/',
+    'http://[::1]:80/',
+    'http://user:pw@example.com/',
+    'http://example.com:65536/',
+    'http://example.com:0080/',
+    "http://example.com/it's",
+    'http://example.com/a b',
+    'http://exa_mple.com/',
+    'http://-bad.com/',
+    'https://example.com/',
+  ]
+  const chars = 'aZ09.-/:?%2eE@\'_~!$&()*+,;=x'
+  let seed = 7
+  const rnd = (n: number): number => (seed = (seed * 1103515245 + 12345) % 2 ** 31) % n
+  for (let i = 0; i < 3000; i++) {
+    let s = ''
+    for (let j = rnd(12); j > 0; j--) s += chars[rnd(chars.length)]
+    cases.push(`http://${['h.example', '10.0.0.1', 'H.example:81', '1.2.3.4:80'][rnd(4)]}/${s}`)
+  }
+  let fast = 0
+  const differ: string[] = []
+  for (const c of cases) {
+    const got = simpleHttpTarget(c)
+    if (!got) continue
+    fast++
+    const u = new URL(c)
+    const want = { href: u.href, authority: u.host, hostname: u.hostname, port: u.port ? Number(u.port) : 80, path: u.pathname + u.search }
+    if (JSON.stringify(got) !== JSON.stringify(want)) differ.push(c)
+  }
+  t.same(differ, [], 'no target reads differently from new URL')
+  t.same(simpleHttpTarget('http://A.Example:8080/p?q=1'), { href: 'http://a.example:8080/p?q=1', authority: 'a.example:8080', hostname: 'a.example', port: 8080, path: '/p?q=1' })
+  t.ok(fast > 1000, `most generated targets take the fast reading (${fast})`)
+  for (const slow of ['http://127.1/', 'http://[::1]:80/', 'http://user:pw@example.com/', 'http://example.com/a/./b', 'http://example.com/a/%2E%2E/b', 'http://foo.123/']) {
+    t.equal(simpleHttpTarget(slow), null, slow)
+  }
 })

@@ -77,8 +77,8 @@ export class MppAdapter implements ProtocolAdapter {
   }
 
   /** The agent's valid session with the service at `url`, if any. */
-  session(agentId: string, url: string): Promise<MppSession | null> {
-    return this.sessions.valid(agentId, originOf(url))
+  session(agentId: string, url: string, origin = originOf(url)): Promise<MppSession | null> {
+    return this.sessions.valid(agentId, origin)
   }
 
   dropSession(agentId: string, url: string, token: string): Promise<void> {

@@ -7,6 +7,8 @@ import type { UpstreamResponse } from '../upstream.js'
 export interface PayRequest {
   agentId: string
   url: string
+  /** `new URL(url).origin`, when the caller has it already (the proxy: one URL parse less per request). */
+  origin?: string
   method: string
   /** Lower-case names; hop-by-hop and Paygate's own headers already removed. */
   headers: Record<string, string>
