@@ -19,6 +19,11 @@ export interface LedgerEntry {
   depth: number
 }
 
+export interface LedgerReceipt {
+  success: boolean
+  blockNumber: number
+}
+
 export const ZERO32: Hex = `0x${'0'.repeat(64)}`
 const GAS_LIMIT = 300_000n
 const MAX_UINT256 = 2n ** 256n - 1n
@@ -101,6 +106,7 @@ export const recordIdOf = (txId: string): Hex => keccak256(txId, 'utf8')
  */
 export class LedgerWriter {
   private fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint } = { maxFeePerGas: 0n, maxPriorityFeePerGas: 0n }
+  private blockReceiptsWork = true
   /** The ledger address as bytes, converted once. */
   private to: { address: string; bytes: Buffer } | undefined
 
@@ -143,11 +149,31 @@ export class LedgerWriter {
     }
   }
 
-  async receipt(hash: Hex): Promise<{ success: boolean; blockNumber: number } | null> {
+  async receipt(hash: Hex): Promise<LedgerReceipt | null> {
     const r = (await this.chain.publicClient.request({ method: 'eth_getTransactionReceipt', params: [hash] })) as {
       status: Hex
       blockNumber: Hex
     } | null
     return r ? { success: r.status === '0x1', blockNumber: Number(r.blockNumber) } : null
+  }
+
+  /**
+   * Every receipt of a mined block, by lower-case tx hash: under load one block holds
+   * hundreds of ledger records, and one call replaces a call per record. Null when the
+   * node cannot answer it (the method is not universal): callers ask per transaction, and
+   * after a failure this is not tried again.
+   */
+  async blockReceipts(blockNumber: number): Promise<Map<string, LedgerReceipt> | null> {
+    if (!this.blockReceiptsWork) return null
+    try {
+      const rs = (await this.chain.publicClient.request({ method: 'eth_getBlockReceipts', params: [`0x${blockNumber.toString(16)}`] })) as
+        | { transactionHash: Hex; status: Hex; blockNumber: Hex }[]
+        | null
+      if (!Array.isArray(rs)) return null
+      return new Map(rs.map((r) => [r.transactionHash.toLowerCase(), { success: r.status === '0x1', blockNumber: Number(r.blockNumber) }]))
+    } catch {
+      this.blockReceiptsWork = false
+      return null
+    }
   }
 }

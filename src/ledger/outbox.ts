@@ -1,5 +1,5 @@
 import type { Hex } from 'viem'
-import type { LedgerEntry, LedgerWriter } from '../chain/ledger-tx.js'
+import type { LedgerEntry, LedgerReceipt, LedgerWriter } from '../chain/ledger-tx.js'
 import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { KeyedMutex } from '../util/mutex.js'
@@ -135,12 +135,20 @@ export class Outbox {
       this.sentUpTo = BigInt(e.nonce)
     }
     let left = false
-    const confirmed: { e: OutboxEntry; r: { success: boolean; blockNumber: number } }[] = []
+    const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
+    // Once two records in a row share a block, the rest of that block's receipts come in one call.
+    let fromBlock = new Map<string, LedgerReceipt>()
+    let lastBlock = -1
     for await (const [, e] of this.entries.entries()) {
-      const r = await this.writer.receipt(e.hash)
+      let r = fromBlock.get(e.hash.toLowerCase()) ?? null
       if (!r) {
-        left = true
-        break
+        r = await this.writer.receipt(e.hash)
+        if (!r) {
+          left = true
+          break
+        }
+        if (r.blockNumber === lastBlock) fromBlock = (await this.writer.blockReceipts(r.blockNumber)) ?? fromBlock
+        lastBlock = r.blockNumber
       }
       confirmed.push({ e, r })
     }
