@@ -1,9 +1,9 @@
 import type { Hex } from 'viem'
 import { keccak256, keccak256Bytes } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
-import { paymentLedgerAbi } from './contracts/abis.js'
 import { Lru } from '../util/lru.js'
 import { signEip1559 } from './eip1559.js'
+import { encodeRecordCall } from './ledger-call.js'
 
 export interface LedgerEntry {
   /** bytes32 record id (keccak of the local transaction id). */
@@ -26,59 +26,6 @@ export interface LedgerReceipt {
 
 export const ZERO32: Hex = `0x${'0'.repeat(64)}`
 const GAS_LIMIT = 300_000n
-const MAX_UINT256 = 2n ** 256n - 1n
-const BYTES32_RE = /^0x[0-9a-fA-F]{64}$/
-
-/**
- * The record() call this file encodes by hand. Checked against the contract's ABI at
- * load, so a changed contract fails loudly instead of being recorded wrongly.
- */
-const RECORD_SIGNATURE = 'record(bytes32,bytes32,string,uint256,string,string,bytes32,uint32)'
-{
-  const item = paymentLedgerAbi.find((i) => i.type === 'function' && i.name === 'record')
-  const actual = item && 'inputs' in item ? `record(${item.inputs.map((i) => i.type).join(',')})` : 'none'
-  if (actual !== RECORD_SIGNATURE) throw new Error(`PaymentLedger.record is ${actual}; ledger-tx.ts encodes ${RECORD_SIGNATURE}`)
-}
-const RECORD_SELECTOR = keccak256Bytes(Buffer.from(RECORD_SIGNATURE, 'utf8')).subarray(0, 4)
-
-const padded = (n: number): number => Math.ceil(n / 32) * 32
-
-function writeBytes32(out: Buffer, at: number, v: string, field: string): void {
-  if (!BYTES32_RE.test(v)) throw new RangeError(`${field} must be 32 bytes of hex`)
-  out.write(v.slice(2), at, 32, 'hex')
-}
-
-/**
- * ABI calldata of `record(...)`: the 4-byte selector, eight head words (static values,
- * and for the three strings their offsets), then each string as a length word and its
- * UTF-8 bytes zero-padded to a word. Same bytes as viem's `encodeFunctionData`.
- */
-export function encodeRecordCall(e: LedgerEntry): Buffer {
-  if (e.amount < 0n || e.amount > MAX_UINT256) throw new RangeError(`amount out of uint256 range: ${e.amount}`)
-  if (!Number.isInteger(e.depth) || e.depth < 0 || e.depth > 0xffffffff) throw new RangeError(`depth out of uint32 range: ${e.depth}`)
-  const strings = [Buffer.from(e.agentId, 'utf8'), Buffer.from(e.protocol, 'utf8'), Buffer.from(e.origin, 'utf8')] as const
-  const HEAD = 8 * 32
-  let size = 4 + HEAD
-  for (const b of strings) size += 32 + padded(b.length)
-  const out = Buffer.alloc(size) // zero-filled: the padding
-  RECORD_SELECTOR.copy(out, 0)
-  const word = (i: number): number => 4 + 32 * i
-  writeBytes32(out, word(0), e.id, 'id')
-  writeBytes32(out, word(1), e.parentTxHash, 'parentTxHash')
-  out.write(e.amount.toString(16).padStart(64, '0'), word(3), 32, 'hex')
-  writeBytes32(out, word(6), e.pathHash, 'pathHash')
-  out.writeUInt32BE(e.depth, word(7) + 28)
-  // Dynamic values: offsets count from the start of the arguments (after the selector).
-  let tail = HEAD
-  for (const [slot, b] of [[2, strings[0]], [4, strings[1]], [5, strings[2]]] as const) {
-    out.writeUInt32BE(tail, word(slot) + 28)
-    out.writeUInt32BE(b.length, 4 + tail + 28)
-    b.copy(out, 4 + tail + 32)
-    tail += 32 + padded(b.length)
-  }
-  return out
-}
-
 /** Agents pay the same few endpoints over and over: the URL parse and path hash are kept per URL. */
 const locations = new Lru<string, Readonly<{ origin: string; pathHash: Hex }>>(1024)
 

@@ -5,7 +5,8 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import type { Chain } from '../../src/chain/chain.js'
 import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { serializeEip1559, type Eip1559Fields } from '../../src/chain/eip1559.js'
-import { encodeRecordCall, ledgerLocation, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
+import { encodeRecordCall } from '../../src/chain/ledger-call.js'
+import { ledgerLocation, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
 import { FastSigner } from '../../src/crypto/secp256k1.js'
 
 /**
