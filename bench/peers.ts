@@ -23,7 +23,9 @@ interface WrkResult {
   p99: string
 }
 
+/** A 2 s warm-up (JIT, connection pools, caches), then the measured run. */
 async function wrk(url: string, script: string | null, seconds: number): Promise<WrkResult> {
+  await run('wrk', ['-t1', '-c10', '-d2s', ...(script ? ['-s', script] : []), url], { timeout: 30_000 })
   const args = ['-t1', '-c10', `-d${seconds}s`, '--latency', ...(script ? ['-s', script] : []), url]
   const { stdout } = await run('wrk', args, { timeout: (seconds + 20) * 1000 })
   const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(stdout)?.[1] ?? NaN)

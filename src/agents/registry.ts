@@ -205,6 +205,11 @@ export class Registry {
     return a
   }
 
+  /** The agent if it is in memory (no store read): hot paths try this before `getAgent`. */
+  cachedAgent(agentId: string): AgentRecord | undefined {
+    return this.agentCache.get(agentId)
+  }
+
   async getAgent(agentId: string): Promise<AgentRecord | undefined> {
     const hit = this.agentCache.get(agentId)
     if (hit) return hit

@@ -152,14 +152,26 @@ export class PaymentEngine {
    * relay it untouched (`relayable`).
    */
   async begin(request: PayRequest): Promise<PayStart> {
-    let req = request
-    const { agentId } = req
+    const { agentId } = request
     await this.d.registry.requireAgent(agentId)
-    const parent = req.parentTxHash ? await this.parentOf(req.parentTxHash) : null
+    const parent = request.parentTxHash ? await this.parentOf(request.parentTxHash) : null
     const policy = await this.d.policies.policyOf(agentId)
+    return this.started(request, parent, policy, await this.d.mpp.session(agentId, request.url, request.origin))
+  }
+
+  /** `begin` from memory alone, or null when a lookup would need the store (then call `begin`). */
+  beginCached(request: PayRequest): PayStart | null {
+    const { agentId } = request
+    if (request.parentTxHash || !this.d.registry.cachedAgent(agentId)) return null
+    const policy = this.d.policies.cachedPolicy(agentId)
+    const session = policy && this.d.mpp.cachedSession(agentId, request.url, request.origin)
+    return policy && session !== undefined ? this.started(request, null, policy, session) : null
+  }
+
+  private started(request: PayRequest, parent: TxRecord | null, policy: StoredPolicy, found: MppSession | null): PayStart {
+    let req = request
     // A valid MPP session with this service is sent along: no payment if the target takes it.
-    let session = await this.d.mpp.session(agentId, req.url, req.origin)
-    if (session && !domainPermitted(policy, domainOf(req.url))) session = null
+    const session = found && domainPermitted(policy, domainOf(req.url)) ? found : null
     if (this.d.acceptPayment && req.headers['accept-payment'] === undefined) req = { ...req, headers: { ...req.headers, 'accept-payment': this.d.acceptPayment } }
     return { req, parent, policy, session, firstHeaders: session ? { [SESSION_HEADER]: session.token } : NO_HEADERS }
   }

@@ -39,6 +39,12 @@ export class MppSessions {
     })
   }
 
+  /** As `valid` from memory alone; undefined when that would need a store read. */
+  cachedValid(agentId: string, origin: string): MppSession | null | undefined {
+    const s = this.cache.get(keyOf(agentId, origin))
+    return s === undefined ? undefined : s && s.expiresAt > this.clock.now() ? s : null
+  }
+
   /** The agent's unexpired session with `origin`, if any. */
   async valid(agentId: string, origin: string): Promise<MppSession | null> {
     const k = keyOf(agentId, origin)

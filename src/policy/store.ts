@@ -30,6 +30,11 @@ export class PolicyStore {
     })
   }
 
+  /** The policy if it is in memory (no store read). */
+  cachedPolicy(agentId: string): StoredPolicy | undefined {
+    return this.policyCache.get(agentId)
+  }
+
   async policyOf(agentId: string): Promise<StoredPolicy> {
     const hit = this.policyCache.get(agentId)
     if (hit) return hit

@@ -10,7 +10,7 @@ const CACHE_MAX = 1024
  * hashing it cost ~5 µs); any key revocation or agent deletion in the registry clears them.
  */
 export class ProxyIdentity {
-  private readonly known = new Map<string, string>()
+  private readonly answers = new Map<string, string>()
   private revision: number
 
   constructor(
@@ -20,21 +20,28 @@ export class ProxyIdentity {
     this.revision = registry.revision
   }
 
+  /** As `of` when the answer is already known (the common case); undefined when it needs verifying. */
+  known(headers: IncomingHttpHeaders): string | null | undefined {
+    const raw = headers['proxy-authorization']
+    if (!raw) return this.defaultAgent
+    return this.registry.revision === this.revision ? this.answers.get(raw) : undefined
+  }
+
   async of(headers: IncomingHttpHeaders): Promise<string | null> {
     const raw = headers['proxy-authorization']
     if (!raw) return this.defaultAgent
     const revision = this.registry.revision
     if (revision !== this.revision) {
-      this.known.clear()
+      this.answers.clear()
       this.revision = revision
     }
-    const hit = this.known.get(raw)
+    const hit = this.answers.get(raw)
     if (hit !== undefined) return hit
     const agentId = await this.verify(raw)
     // A revocation while verifying may have made this answer stale: keep it only if none came.
     if (agentId && this.registry.revision === revision) {
-      if (this.known.size >= CACHE_MAX) this.known.delete(this.known.keys().next().value!)
-      this.known.set(raw, agentId)
+      if (this.answers.size >= CACHE_MAX) this.answers.delete(this.answers.keys().next().value!)
+      this.answers.set(raw, agentId)
     }
     return agentId
   }

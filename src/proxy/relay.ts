@@ -49,7 +49,8 @@ class FirstSendSink implements ExchangeSink {
   private mode: 'wait' | 'relay' | 'engine' = 'wait'
   private status = 0
   private body: ExchangeBody | null = null
-  private corked = false
+  /** The relayed head, written with the first body bytes: one plain write rather than a writev. */
+  private headText: string | null = null
   private retried = false
   exchange!: Exchange
 
@@ -86,9 +87,7 @@ class FirstSendSink implements ExchangeSink {
         this.exchange.abort()
         return false
       }
-      this.conn.socket.cork()
-      this.corked = true
-      this.conn.socket.write(relayResponseHead(head, this.conn.closeAfter), 'latin1')
+      this.headText = relayResponseHead(head, this.conn.closeAfter)
       return false
     }
     // The engine reads the body itself, so it gets it without the chunked framing.
@@ -100,7 +99,12 @@ class FirstSendSink implements ExchangeSink {
 
   data(chunk: Buffer): boolean {
     if (this.mode === 'engine') return this.body!.push(chunk)
-    if (this.conn.socket.write(chunk)) return true
+    let out = chunk
+    if (this.headText !== null) {
+      out = withHead(this.headText, chunk)
+      this.headText = null
+    }
+    if (this.conn.socket.write(out)) return true
     this.conn.socket.once('drain', () => this.exchange.resume())
     return false
   }
@@ -111,9 +115,10 @@ class FirstSendSink implements ExchangeSink {
   }
 
   flush(): void {
-    if (!this.corked) return
-    this.corked = false
-    this.conn.socket.uncork()
+    if (this.headText === null) return
+    // A head without body bytes yet (or none at all): it goes now.
+    this.conn.socket.write(this.headText, 'latin1')
+    this.headText = null
   }
 
   error(e: UpstreamError, stale: boolean): void {
@@ -140,6 +145,18 @@ export function sendFirst(pool: OriginPool, conn: FastConn, start: PayStart, des
   })
 }
 
+/**
+ * Head and body bytes in one buffer, for one write() syscall: a corked head + body goes
+ * out as a writev, which measured ~25% more CPU per proxied request here.
+ */
+function withHead(head: string, body: Buffer): Buffer {
+  const n = Buffer.byteLength(head, 'latin1')
+  const out = Buffer.allocUnsafe(n + body.length)
+  out.write(head, 0, 'latin1')
+  body.copy(out, n)
+  return out
+}
+
 /** The head of an answer Paygate composed itself. */
 function answerHead(status: number, headers: OutgoingHttpHeaders, chunked: boolean, close: boolean): string {
   let out = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\n`
@@ -154,6 +171,9 @@ function answerHead(status: number, headers: OutgoingHttpHeaders, chunked: boole
   return `${out}\r\n`
 }
 
+const CRLF = Buffer.from('\r\n')
+const LAST_CHUNK = Buffer.from('0\r\n\r\n')
+
 const noBodyAnswer = (method: string, status: number): boolean => method === 'HEAD' || status === 204 || status === 304 || status < 200
 
 /** Write an answer Paygate composed (engine outcomes, errors) on a fast-path connection, with backpressure. */
@@ -165,33 +185,31 @@ export async function writeAnswer(conn: FastConn, method: string, status: number
   }
   const noBody = noBodyAnswer(method, status)
   const chunked = !noBody && headers['content-length'] === undefined
-  socket.write(answerHead(status, headers, chunked, conn.closeAfter), 'latin1')
+  let head: string | null = answerHead(status, headers, chunked, conn.closeAfter)
   if (noBody || body === null) {
     if (body instanceof Readable) body.destroy()
-    if (chunked) socket.write('0\r\n\r\n')
+    socket.write(chunked ? `${head}0\r\n\r\n` : head, 'latin1')
     return
   }
+  const frame = (c: Buffer): Buffer => (chunked ? Buffer.concat([Buffer.from(`${c.length.toString(16)}\r\n`), c, CRLF]) : c)
   if (Buffer.isBuffer(body)) {
-    socket.write(chunked ? Buffer.concat([Buffer.from(`${body.length.toString(16)}\r\n`), body, Buffer.from('\r\n0\r\n\r\n')]) : body)
+    socket.write(withHead(head, chunked ? Buffer.concat([frame(body), LAST_CHUNK]) : body))
     return
   }
   const gone = new Promise<void>((r) => (conn.onGone = r))
   try {
     for await (const c of body as AsyncIterable<Buffer>) {
       if (!c.length) continue
-      let ok: boolean
-      if (chunked) {
-        socket.write(`${c.length.toString(16)}\r\n`)
-        socket.write(c)
-        ok = socket.write('\r\n')
-      } else ok = socket.write(c)
+      const ok = socket.write(head === null ? frame(c) : withHead(head, frame(c)))
+      head = null
       if (!ok) await Promise.race([new Promise((r) => socket.once('drain', r)), gone])
       if (!conn.alive) {
         body.destroy()
         return
       }
     }
-    if (chunked) socket.write('0\r\n\r\n')
+    if (head !== null) socket.write(head, 'latin1')
+    if (chunked) socket.write(LAST_CHUNK)
   } catch {
     // The target's body broke off: the agent can only learn it from the connection closing.
     socket.destroy()

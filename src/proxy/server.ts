@@ -411,7 +411,7 @@ export class ProxyServer implements FastHost {
       url = conn.tunnel.origin + head.target
       path = head.target
     } else {
-      const id = await this.identity.of(head.map as IncomingHttpHeaders)
+      const id = this.identity.known(head.map as IncomingHttpHeaders) ?? (await this.identity.of(head.map as IncomingHttpHeaders))
       if (!id) {
         this.counters.authFailures++
         return writeAnswer(conn, 'GET', 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
@@ -434,7 +434,7 @@ export class ProxyServer implements FastHost {
     let errorCode: string | undefined
     try {
       const payReq: PayRequest = { agentId, url, origin, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders, this.d.engine.acceptPayment), body: null }
-      const start = await this.d.engine.begin(payReq)
+      const start = this.d.engine.beginCached(payReq) ?? (await this.d.engine.begin(payReq))
       const first = await sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
       if (first.kind === 'relayed') {
         status = first.status

@@ -77,6 +77,11 @@ export class MppAdapter implements ProtocolAdapter {
   }
 
   /** The agent's valid session with the service at `url`, if any. */
+  /** As `session` from memory alone; undefined when that would need a store read. */
+  cachedSession(agentId: string, url: string, origin = originOf(url)): MppSession | null | undefined {
+    return this.sessions.cachedValid(agentId, origin)
+  }
+
   session(agentId: string, url: string, origin = originOf(url)): Promise<MppSession | null> {
     return this.sessions.valid(agentId, origin)
   }
