@@ -104,7 +104,7 @@ export class Upstream {
   readonly secureContext: SecureContext | undefined
 
   /** Upstream TLS trusts the system roots plus the PEM bundle in `caFile`. */
-  constructor(caFile: string | null, private readonly defaultTimeoutMs = 30_000) {
+  constructor(caFile: string | null, readonly timeoutMs = 30_000) {
     let ca: string[] | undefined
     if (caFile) {
       let extra: string
@@ -127,7 +127,7 @@ export class Upstream {
    * a body class per call), which is most of a passthrough's cost.
    */
   send(req: UpstreamRequest): Promise<UpstreamResponse> {
-    const timeout = req.timeoutMs ?? this.defaultTimeoutMs
+    const timeout = req.timeoutMs ?? this.timeoutMs
     let url: URL
     try {
       url = new URL(req.url)

@@ -11,6 +11,7 @@ export const MAX_HEAD = 16 * 1024
 
 /** RFC 9110 token characters (header names, methods). */
 const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
+const OWS_EDGES = /^[\t ]+|[\t ]+$/g
 /** Field values: visible ASCII, obs-text, SP and HTAB; no CR, LF or NUL. */
 const VALUE = /^[\t\x20-\x7e\x80-\xff]*$/
 
@@ -35,7 +36,8 @@ function parseFields(lines: string[]): Fields | null {
     const c = line.indexOf(':')
     if (c <= 0) return null
     const name = line.slice(0, c)
-    const value = line.slice(c + 1).trim()
+    // OWS is SP and HTAB only (String.trim would also take \v, \f and NBSP).
+    const value = line.slice(c + 1).replace(OWS_EDGES, '')
     if (!TOKEN.test(name) || !VALUE.test(value)) return null
     raw.push(name, value)
     const k = name.toLowerCase()
@@ -95,12 +97,12 @@ export function parseResponseHead(buf: Buffer, end: number): ResponseHead | null
 }
 
 /** How a response body is delimited. */
-export type Framing = { kind: 'none' } | { kind: 'length'; length: number } | { kind: 'chunked' }
+export type Framing = { kind: 'none' } | { kind: 'length'; length: number } | { kind: 'chunked' } | { kind: 'close' }
 
 /**
  * A response's framing (RFC 9112 §6.3), or null when the fast path leaves it alone:
- * 1xx, close-delimited bodies, transfer codings other than plain chunked, CL+TE, or a
- * Content-Length that is not one plain number.
+ * 1xx, transfer codings other than plain chunked, CL+TE, or a Content-Length that is not
+ * one plain number. Neither field: the body runs until the connection closes.
  */
 export function responseFraming(head: ResponseHead, method: string): Framing | null {
   const { status, map } = head
@@ -109,6 +111,7 @@ export function responseFraming(head: ResponseHead, method: string): Framing | n
   const te = map['transfer-encoding']
   const cl = map['content-length']
   if (te !== undefined) return cl === undefined && typeof te === 'string' && te.toLowerCase() === 'chunked' ? { kind: 'chunked' } : null
+  if (cl === undefined) return { kind: 'close' }
   if (typeof cl !== 'string' || !/^\d{1,15}$/.test(cl)) return null
   return { kind: 'length', length: Number(cl) }
 }
@@ -137,12 +140,18 @@ export class BodyFramer {
   /** True once the whole body has been seen. */
   done = false
 
+  /** The body ends when the connection does. */
+  get closeDelimited(): boolean {
+    return this.framing.kind === 'close'
+  }
+
   feed(chunk: Buffer, from = 0): number {
     if (this.done) return from
     if (this.framing.kind === 'none') {
       this.done = true
       return from
     }
+    if (this.framing.kind === 'close') return -1 // ends with the connection
     if (this.framing.kind === 'length') {
       const avail = chunk.length - from
       if (avail < this.remaining) {

@@ -14,11 +14,11 @@ import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, r
 /** What an exchange reports, in order: `head`, then `data`* and `end`, or `error` at any point. */
 export interface ExchangeSink {
   /**
-   * `framing` null: a response the fast path leaves alone (see responseFraming); the exchange
-   * has stopped. Returns true to get the body decoded (chunked framing removed) rather than
-   * as it came.
+   * `framing` null: a response the fast path leaves alone (see responseFraming; `head` is
+   * null when it could not even be read strictly); the exchange has stopped. Returns true
+   * to get the body decoded (chunked framing removed) rather than as it came.
    */
-  head(head: ResponseHead, framing: Framing | null): boolean
+  head(head: ResponseHead | null, framing: Framing | null): boolean
   /** false: stop reading the target until `Exchange.resume()`. */
   data(chunk: Buffer): boolean
   end(): void
@@ -39,11 +39,12 @@ class OriginConn {
   ) {
     socket.setNoDelay(true)
     socket.on('data', (d: Buffer) => (this.exchange ? this.exchange.onData(d) : socket.destroy()))
-    socket.on('timeout', () => (this.exchange ? this.exchange.fail(new UpstreamError('timeout', 'upstream timed out')) : socket.destroy()))
+    // A timeout is never "stale": the target may be working on the request, so it is not sent again.
+    socket.on('timeout', () => (this.exchange ? this.exchange.fail(new UpstreamError('timeout', 'upstream timed out'), false) : socket.destroy()))
     socket.on('error', (e) => this.exchange?.fail(new UpstreamError('network', `upstream request failed: ${e.message}`)))
     socket.on('close', () => {
       this.pool.forget(this)
-      this.exchange?.fail(new UpstreamError('network', 'upstream request failed: the connection closed'))
+      this.exchange?.closed()
     })
   }
 }
@@ -70,8 +71,8 @@ export class Exchange {
 
   private read(d: Buffer): void {
     let chunk = d
-    if (!this.framer) {
-      const buf = this.buf ? Buffer.concat([this.buf, d]) : d
+    while (!this.framer) {
+      const buf = this.buf ? Buffer.concat([this.buf, chunk]) : chunk
       const end = headEnd(buf)
       if (end < 0) {
         if (buf.length > MAX_HEAD) return this.fail(new UpstreamError('network', 'upstream response head too large'))
@@ -80,16 +81,20 @@ export class Exchange {
       }
       this.buf = null
       const head = parseResponseHead(buf, end)
-      if (!head) return this.fail(new UpstreamError('network', 'upstream sent a malformed response head'))
-      const framing = responseFraming(head, this.method)
-      if (!framing) {
-        this.finished = true
-        this.conn.exchange = null
-        this.conn.socket.destroy()
+      // Interim answers (100, 103) are dropped: the final one follows on the same connection.
+      if (head && head.status < 200 && head.status !== 101) {
+        chunk = buf.subarray(end)
+        if (!chunk.length) return
+        continue
+      }
+      const framing = head && responseFraming(head, this.method)
+      if (!head || !framing) {
+        this.stop()
         this.sink.head(head, null)
         return
       }
-      this.keepAlive = head.minor === 1 && !hasConnectionToken(head.map.connection, 'close')
+      // A HEAD answer's connection is not reused: a body sent by mistake would be read as the next answer.
+      this.keepAlive = head.minor === 1 && this.method !== 'HEAD' && framing.kind !== 'close' && !hasConnectionToken(head.map.connection, 'close')
       const decode = this.sink.head(head, framing)
       if (this.finished) return // the sink gave up on the answer
       this.framer = new BodyFramer(framing, decode && framing.kind === 'chunked')
@@ -126,18 +131,27 @@ export class Exchange {
 
   /** The agent went away: drop the target's answer and its connection. */
   abort(): void {
-    if (this.finished) return
+    if (!this.finished) this.stop()
+  }
+
+  private stop(): void {
     this.finished = true
     this.conn.exchange = null
     this.conn.socket.destroy()
   }
 
-  fail(e: UpstreamError): void {
+  /** `mayResend`: false when the target may have the request (a timeout), so it is never sent twice. */
+  fail(e: UpstreamError, mayResend = true): void {
     if (this.finished) return
-    this.finished = true
-    this.conn.exchange = null
-    this.conn.socket.destroy()
-    this.sink.error(e, this.conn.reused && !this.got)
+    this.stop()
+    this.sink.error(e, mayResend && this.conn.reused && !this.got)
+  }
+
+  /** The target closed the connection: the end of a close-delimited body, else a failure. */
+  closed(): void {
+    if (this.finished) return
+    if (this.framer?.closeDelimited) return this.finish(false)
+    this.fail(new UpstreamError('network', 'upstream request failed: the connection closed'))
   }
 
   private finish(reuse: boolean): void {

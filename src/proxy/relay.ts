@@ -23,10 +23,14 @@ export function requestHead(method: string, path: string, authority: string, sta
   return `${out}\r\n`
 }
 
+const noop = (): void => {}
+
 /** An answer body read from the fast path's exchange, for the engine (402s, session calls). */
 class ExchangeBody extends Readable {
   constructor(private readonly exchange: Exchange) {
     super()
+    // The target failing while nobody reads this body (yet) must not become an uncaught error.
+    this.on('error', noop)
   }
 
   override _read(): void {
@@ -72,11 +76,12 @@ class FirstSendSink implements ExchangeSink {
   /** The agent went away. */
   gone(): void {
     this.exchange.abort()
-    if (this.mode !== 'engine') this.resolve({ kind: 'relayed', status: 0 })
+    if (this.mode === 'engine') this.body!.destroy()
+    else this.resolve({ kind: 'relayed', status: 0 })
   }
 
-  head(head: ResponseHead, framing: Framing | null): boolean {
-    if (!framing) {
+  head(head: ResponseHead | null, framing: Framing | null): boolean {
+    if (!head || !framing) {
       this.resolve({ kind: 'fallback' })
       return false
     }
@@ -85,8 +90,11 @@ class FirstSendSink implements ExchangeSink {
       this.status = head.status
       if (!this.conn.alive) {
         this.exchange.abort()
+        this.resolve({ kind: 'relayed', status: 0 })
         return false
       }
+      // A body that ends with the target's connection ends the agent's too.
+      if (framing.kind === 'close') this.conn.closeAfter = true
       this.headText = relayResponseHead(head, this.conn.closeAfter)
       return false
     }
@@ -139,6 +147,7 @@ class FirstSendSink implements ExchangeSink {
 
 export function sendFirst(pool: OriginPool, conn: FastConn, start: PayStart, dest: Origin, head: string, method: string): Promise<FirstSend> {
   return new Promise<FirstSend>((resolve, reject) => {
+    if (!conn.alive) return resolve({ kind: 'relayed', status: 0 })
     const sink = new FirstSendSink(pool, conn, start, dest, head, method, resolve, reject)
     sink.send(false)
     conn.onGone = () => sink.gone()

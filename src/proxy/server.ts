@@ -13,7 +13,7 @@ import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
 import { forwardRequestHeaders, forwardResponseHeaders, headerValue } from './headers.js'
-import { simpleHttpTarget, type HttpTarget, type RequestHead } from './http1.js'
+import { hasConnectionToken, simpleHttpTarget, type HttpTarget, type RequestHead } from './http1.js'
 import { ProxyIdentity } from './identity.js'
 import { OriginPool, type Origin } from './origins.js'
 import { requestHead, sendFirst, writeAnswer } from './relay.js'
@@ -37,8 +37,8 @@ const AUTH_REALM = 'Basic realm="paygate"'
 const RAW_407 = `HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`
 const MAX_IDEMPOTENT_BODY = 8 * 1024 * 1024
 const DENY_BODY = JSON.stringify({ error: 'unauthorized', detail: 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy' })
-/** Safe to send twice (RFC 9110 §9.2.2) and without a body: the methods the fast path serves. */
-const FAST_METHODS = new Set(['GET', 'HEAD', 'OPTIONS', 'DELETE'])
+/** Safe (RFC 9110 §9.2.1), so sending one again is harmless, and without a body: the methods the fast path serves. */
+const FAST_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 
 /** The tunnel's first bytes (null if it ends first), leaving the socket paused. */
 function firstChunk(socket: Socket): Promise<Buffer | null> {
@@ -79,6 +79,13 @@ function replayable(socket: Socket, first: Buffer): Duplex {
       cb(err)
     },
   })
+  // Node's HTTP server arms its keep-alive and request timeouts through these.
+  ;(d as Duplex & { setTimeout(ms: number, cb?: () => void): Duplex }).setTimeout = (ms, cb) => {
+    socket.setTimeout(ms)
+    if (cb) d.once('timeout', cb)
+    return d
+  }
+  socket.on('timeout', () => d.emit('timeout'))
   d.push(first)
   socket.on('data', (c: Buffer) => {
     if (!d.push(c)) socket.pause()
@@ -157,6 +164,8 @@ export class ProxyServer implements FastHost {
   /** The same for requests inside CONNECT tunnels. */
   private readonly inner: HttpServer
   private readonly fastConns = new Set<FastConn>()
+  /** Connections that left the fast path (handed to Node's servers, tunnels, upgrades): cut at shutdown after the grace period. */
+  private readonly others = new Set<Socket>()
   private readonly origins: OriginPool
   private closing = false
   private readonly tunnels = new WeakMap<object, Tunnel>()
@@ -169,8 +178,9 @@ export class ProxyServer implements FastHost {
   constructor(private readonly d: ProxyDeps) {
     this.access = infoLine(d.log, 'proxy request')
     this.identity = new ProxyIdentity(d.registry, d.defaultAgent)
-    this.origins = new OriginPool(d.upstream.secureContext)
-    this.server = createNetServer({ noDelay: true }, (socket) => this.startFast(socket, null))
+    this.origins = new OriginPool(d.upstream.secureContext, d.upstream.timeoutMs)
+    // allowHalfOpen: an agent that half-closes after its request still gets the answer.
+    this.server = createNetServer({ noDelay: true, allowHalfOpen: true }, (socket) => this.startFast(socket, null))
     this.http = createServer({ keepAliveTimeout: 65_000 })
     this.inner = createServer({ keepAliveTimeout: 65_000 })
     this.http.on('request', (req, res) => void this.onRequest(req, res))
@@ -368,17 +378,27 @@ export class ProxyServer implements FastHost {
     this.fastConns.delete(conn)
   }
 
+  private hold(socket: Socket): void {
+    if (this.others.has(socket)) return
+    this.others.add(socket)
+    socket.once('close', () => this.others.delete(socket))
+  }
+
   route(head: RequestHead, conn: FastConn): 'fast' | 'takeover' | 'node' {
     if (head.method === 'CONNECT') return conn.tunnel ? 'node' : 'takeover'
     const m = head.map
-    if (m.upgrade !== undefined) return head.method === 'GET' && m['content-length'] === undefined && m['transfer-encoding'] === undefined ? 'takeover' : 'node'
-    if (!FAST_METHODS.has(head.method) || m['transfer-encoding'] !== undefined || m.expect !== undefined) return 'node'
+    if (m.upgrade !== undefined) {
+      const upgrade = head.method === 'GET' && hasConnectionToken(m.connection, 'upgrade') && m['content-length'] === undefined && m['transfer-encoding'] === undefined
+      return upgrade ? 'takeover' : 'node'
+    }
+    if (!FAST_METHODS.has(head.method) || m.host === undefined || m['transfer-encoding'] !== undefined || m.expect !== undefined) return 'node'
     if (m['content-length'] !== undefined && m['content-length'] !== '0') return 'node'
     if (m['x-paygate-idempotency-key'] !== undefined || m['x-paygate-parent-tx'] !== undefined) return 'node'
     return (conn.tunnel ? head.target.startsWith('/') : head.target.startsWith('http://')) ? 'fast' : 'node'
   }
 
   handoff(conn: FastConn, pending: Buffer | null): void {
+    this.hold(conn.socket)
     const stream = pending ? replayable(conn.socket, pending) : conn.socket
     if (conn.tunnel) {
       this.tunnels.set(stream, conn.tunnel)
@@ -387,6 +407,7 @@ export class ProxyServer implements FastHost {
   }
 
   takeover(conn: FastConn, head: RequestHead, rest: Buffer): void {
+    this.hold(conn.socket)
     const headers = { ...head.map } as IncomingHttpHeaders
     if (head.method === 'CONNECT') {
       void this.onConnect(head.target, headers, conn.socket, rest)
@@ -414,12 +435,12 @@ export class ProxyServer implements FastHost {
       const id = this.identity.known(head.map as IncomingHttpHeaders) ?? (await this.identity.of(head.map as IncomingHttpHeaders))
       if (!id) {
         this.counters.authFailures++
-        return writeAnswer(conn, 'GET', 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
+        return writeAnswer(conn, head.method, 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
       }
       agentId = id
       const target = simpleHttpTarget(head.target) ?? slowHttpTarget(head.target)
       if (!target) {
-        return this.writeError(conn, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
+        return this.writeError(conn, head.method, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
       }
       url = target.href
       host = target.authority
@@ -432,6 +453,8 @@ export class ProxyServer implements FastHost {
     let status = 0
     let paid: bigint | null = null
     let errorCode: string | undefined
+    /** The target's first answer while the engine has it: dropped if the engine fails. */
+    let pendingBody: Readable | null = null
     try {
       const payReq: PayRequest = { agentId, url, origin, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders, this.d.engine.acceptPayment), body: null }
       const start = this.d.engine.beginCached(payReq) ?? (await this.d.engine.begin(payReq))
@@ -440,6 +463,7 @@ export class ProxyServer implements FastHost {
         status = first.status
         return
       }
+      if (first.kind === 'engine') pendingBody = first.response.body
       const out = first.kind === 'engine' ? await this.d.engine.resume(start, first.response) : await this.d.engine.pay(payReq)
       const a = this.answerOf(out)
       ;({ status, paid, errorCode } = a)
@@ -448,15 +472,16 @@ export class ProxyServer implements FastHost {
       const err = this.failure(e, agentId)
       errorCode = err.code
       status = err.status
-      await this.writeError(conn, err)
+      pendingBody?.destroy()
+      await this.writeError(conn, method, err)
     } finally {
       this.logRequest(agentId, method, host, status, paid, errorCode, started)
     }
   }
 
-  private writeError(conn: FastConn, e: PaygateError): Promise<void> {
+  private writeError(conn: FastConn, method: string, e: PaygateError): Promise<void> {
     const body = Buffer.from(JSON.stringify(e.toBody()))
-    return writeAnswer(conn, 'GET', e.status, { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body)
+    return writeAnswer(conn, method, e.status, { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body)
   }
 
   // ---- CONNECT --------------------------------------------------------------------------
@@ -546,6 +571,7 @@ export class ProxyServer implements FastHost {
     this.inner.closeIdleConnections()
     const timer = setTimeout(() => {
       for (const c of this.fastConns) c.socket.destroy()
+      for (const s of this.others) s.destroy()
       this.http.closeAllConnections()
       this.inner.closeAllConnections()
     }, graceMs)

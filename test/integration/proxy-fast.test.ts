@@ -2,7 +2,10 @@ import t from 'tap'
 import { createServer, type IncomingMessage, type Server } from 'node:http'
 import { connect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
 import { rmSync } from 'node:fs'
-import { ProxyAgent, request } from 'undici'
+import { Readable } from 'node:stream'
+import { BodyFramer } from '../../src/proxy/http1.js'
+import type { FastConn } from '../../src/proxy/fast.js'
+import { writeAnswer } from '../../src/proxy/relay.js'
 import { startTestGateway, tempDir } from '../helpers/gateway.js'
 
 /**
@@ -20,8 +23,17 @@ await gw.api('POST', '/v1/agents', { body: { agentId: 'sidecar' } })
 const proxy = new URL(gw.gw.proxyUrl)
 
 const listen = async (s: Server | ReturnType<typeof createNetServer>): Promise<string> => {
+  // The gateway keeps idle connections to targets: cut them, or close() would wait them out.
+  const open = new Set<Socket>()
+  s.on('connection', (c: Socket) => {
+    open.add(c)
+    c.once('close', () => open.delete(c))
+  })
   await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
-  t.teardown(() => new Promise<void>((r) => s.close(() => r())))
+  t.teardown(() => {
+    for (const c of open) c.destroy()
+    return new Promise<void>((r) => s.close(() => r()))
+  })
   return `127.0.0.1:${(s.address() as AddressInfo).port}`
 }
 
@@ -158,7 +170,7 @@ t.test('a pooled connection the target dropped is retried once on a new one', as
   t.equal(requests, 3, 'the dropped attempt, then the retry')
 })
 
-t.test('a close-delimited answer is left to the engine client (the idempotent request is sent again)', async (t) => {
+t.test('a close-delimited answer is relayed and the agent connection closes after it', async (t) => {
   let requests = 0
   const old = createNetServer((s) => {
     s.once('data', () => {
@@ -167,9 +179,67 @@ t.test('a close-delimited answer is left to the engine client (the idempotent re
     })
   })
   const addr = await listen(old)
-  const { got } = await exchange(`GET http://${addr}/ HTTP/1.1\r\nHost: ${addr}\r\n\r\n`, (g) => g.includes('until the end'))
-  t.match(got, /^HTTP\/1\.1 200 OK/)
-  t.equal(requests, 2)
+  const { got, closed } = await exchange(`GET http://${addr}/ HTTP/1.1\r\nHost: ${addr}\r\n\r\n`, () => false)
+  t.match(got, /^HTTP\/1\.1 200 OK\r\n/)
+  t.match(got, /connection: close\r\n/i)
+  t.match(got, /\r\n\r\nuntil the end$/)
+  t.ok(closed)
+  t.equal(requests, 1, 'sent once')
+})
+
+t.test('interim 1xx answers are dropped; the final answer is relayed', async (t) => {
+  const early = createNetServer((s) => {
+    s.once('data', () => s.write('HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfinal'))
+  })
+  const addr = await listen(early)
+  const { got } = await exchange(`GET http://${addr}/ HTTP/1.1\r\nHost: ${addr}\r\n\r\n`, (g) => g.endsWith('final'))
+  t.match(got, /^HTTP\/1\.1 200 OK\r\n/)
+  t.notMatch(got, /103/)
+})
+
+t.test('errors for HEAD carry no body (the connection stays in step)', async (t) => {
+  const s = createNetServer()
+  const addr = await new Promise<string>((r) => s.listen(0, '127.0.0.1', () => r(`127.0.0.1:${(s.address() as AddressInfo).port}`)))
+  await new Promise<void>((r) => s.close(() => r()))
+  const text = `HEAD http://${addr}/ HTTP/1.1\r\nHost: ${addr}\r\n\r\nGET http://${target}/next HTTP/1.1\r\nHost: ${target}\r\n\r\n`
+  const { got } = await exchange(text, (g) => g.includes('GET /next '))
+  t.match(got, /^HTTP\/1\.1 502 Bad Gateway\r\n[^]*?\r\n\r\nHTTP\/1\.1 200 OK\r\n/, 'the next answer starts right after the 502 head')
+})
+
+t.test('a composed answer is re-framed (chunked) byte for byte under backpressure', async (t) => {
+  const SIZE = 4 * 1024 * 1024
+  const payload = Buffer.alloc(SIZE)
+  for (let i = 0; i < SIZE; i++) payload[i] = i % 251
+  const server = createNetServer()
+  const addr = await listen(server)
+  const accepted = new Promise<Socket>((r) => server.once('connection', r))
+  const client = connect(Number(addr.split(':')[1]), '127.0.0.1')
+  const socket = await accepted
+  const conn = { socket, alive: true, closeAfter: false, onGone: null } as unknown as FastConn
+  const framer = new BodyFramer({ kind: 'chunked' }, true)
+  let head = ''
+  const received = new Promise<Buffer>((resolve) => {
+    client.on('data', (d: Buffer) => {
+      let body = d
+      if (!head) {
+        const end = d.indexOf('\r\n\r\n') + 4
+        head = d.toString('latin1', 0, end)
+        body = d.subarray(end)
+      }
+      if (framer.feed(body) >= 0) resolve(Buffer.concat(framer.decoded))
+    })
+  })
+  // Slow reader first, so the writer meets a full socket buffer.
+  client.pause()
+  setTimeout(() => client.resume(), 50)
+  const parts = Array.from({ length: 64 }, (_, i) => payload.subarray(i * (SIZE / 64), (i + 1) * (SIZE / 64)))
+  await writeAnswer(conn, 'GET', 200, { 'content-type': 'application/octet-stream' }, Readable.from(parts))
+  const got = await received
+  t.match(head, /transfer-encoding: chunked/)
+  t.equal(got.length, SIZE)
+  t.ok(got.equals(payload), 'the same bytes')
+  client.destroy()
+  socket.destroy()
 })
 
 t.test('an unreachable target is a 502 with the error body', async (t) => {
@@ -180,26 +250,4 @@ t.test('an unreachable target is a 502 with the error body', async (t) => {
   t.match(got, /^HTTP\/1\.1 502 Bad Gateway\r\n/)
   t.match(got, /x-paygate-error: upstream_unreachable/)
   t.match(got, /"error":"upstream_unreachable"/)
-})
-
-t.test('an answer Paygate re-frames (chunked) keeps every byte under backpressure', async (t) => {
-  const SIZE = 4 * 1024 * 1024
-  const payload = Buffer.alloc(SIZE)
-  for (let i = 0; i < SIZE; i++) payload[i] = i % 251
-  // Close-delimited: the fast path leaves it to the engine, whose answer has no length.
-  const old = createNetServer((s) => {
-    s.on('error', () => {}) // the fast path hangs up on the first answer once it sees no length
-    s.once('data', () => {
-      s.write('HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\r\n')
-      s.end(payload)
-    })
-  })
-  const addr = await listen(old)
-  const agent = new ProxyAgent({ uri: gw.gw.proxyUrl, proxyTunnel: false } as never)
-  t.teardown(() => agent.close())
-  const r = await request(`http://${addr}/big`, { dispatcher: agent })
-  t.equal(r.headers['transfer-encoding'], 'chunked')
-  const got = Buffer.from(await r.body.arrayBuffer())
-  t.equal(got.length, SIZE)
-  t.ok(got.equals(payload), 'the same bytes')
 })

@@ -23,6 +23,7 @@ t.test('request heads: the fast path takes a strict subset, the rest is left to 
     'space before colon': 'GET / HTTP/1.1\r\nX-A : 1\r\n\r\n',
     'no colon': 'GET / HTTP/1.1\r\nX-A\r\n\r\n',
     'control character in a value': 'GET / HTTP/1.1\r\nX-A: a\x01b\r\n\r\n',
+    'form feed around a value (not OWS)': 'GET / HTTP/1.1\r\nContent-Length: 0\x0c\r\n\r\n',
     'lower-case version': 'GET / http/1.1\r\n\r\n',
     'two spaces': 'GET  / HTTP/1.1\r\n\r\n',
     'no target': 'GET HTTP/1.1\r\n\r\n',
@@ -43,8 +44,8 @@ t.test('response heads and framing (RFC 9112 §6.3)', async (t) => {
     ['HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n', 'HEAD', { kind: 'none' }],
     ['HTTP/1.1 204 No Content\r\n\r\n', 'GET', { kind: 'none' }],
     ['HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n', 'GET', { kind: 'none' }],
+    ['HTTP/1.1 200 OK\r\n\r\n', 'GET', { kind: 'close' }],
     // left to the general path
-    ['HTTP/1.1 200 OK\r\n\r\n', 'GET', null],
     ['HTTP/1.1 100 Continue\r\n\r\n', 'GET', null],
     ['HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n', 'GET', null],
     ['HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n', 'GET', null],
@@ -81,6 +82,9 @@ t.test('body framing finds the end wherever the bytes are split', async (t) => {
   t.ok(decoded.every((r) => r.end === chunked.length && r.decoded === 'hello, world'), 'decoded data is the chunks without framing, for every split')
   const fixed = Buffer.from('0123456789')
   t.ok(framedAt({ kind: 'length', length: 10 }, fixed, false).every((r) => r.end === 10))
+  const untilClose = new BodyFramer({ kind: 'close' })
+  t.equal(untilClose.feed(Buffer.from('any bytes\r\n\r\n')), -1, 'a close-delimited body never ends by its bytes')
+  t.ok(untilClose.closeDelimited)
   const none = new BodyFramer({ kind: 'none' })
   t.equal(none.feed(Buffer.from('next request')), 0)
   t.equal(new BodyFramer({ kind: 'length', length: 0 }).feed(Buffer.alloc(0)), 0)
