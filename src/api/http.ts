@@ -42,7 +42,10 @@ export function sendReply(res: ServerResponse, reply: Reply): void {
   headers['content-type'] = 'application/json; charset=utf-8'
   headers['content-length'] = Buffer.byteLength(data)
   res.writeHead(reply.status, headers)
-  res.end(data)
+  // write() then end(): the head and body leave in one write() syscall; end(data) corks
+  // them with an empty final chunk into a writev, which costs more CPU here.
+  res.write(data)
+  res.end()
 }
 
 export const errorReply = (e: PaygateError): Reply => ({ status: e.status, body: e.toBody(), headers: e.headers })
