@@ -141,7 +141,7 @@ export class PaymentEngine {
   }
 
   async pay(request: PayRequest): Promise<PayOutcome> {
-    const start = await this.begin(request)
+    const start = this.beginCached(request) ?? (await this.begin(request))
     return this.resume(start, await this.sendOrUnreachable(start.req, start.firstHeaders))
   }
 

@@ -9,7 +9,7 @@ export interface FastHost {
   /** Answer one request; settles once the answer is written or abandoned. */
   serve(conn: FastConn, head: RequestHead): Promise<void>
   /** The connection leaves the fast path: from `pending` on, Node's parser reads it. */
-  handoff(conn: FastConn, pending: Buffer | null): void
+  handoff(conn: FastConn, pending: Buffer): void
   /** A CONNECT or an upgrade: the socket, detached and paused, plus the bytes after the head. */
   takeover(conn: FastConn, head: RequestHead, rest: Buffer): void
   /** The connection closed or left the fast path. */

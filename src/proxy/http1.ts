@@ -266,7 +266,7 @@ const DOT_SEGMENT = /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i
  * An absolute-form `http://` target read without `new URL` (a parse per proxied request
  * showed in the profile), for the common shapes whose URL serialization is the input
  * itself: a DNS name or dotted quad, a plain port, a path of URL-safe characters without
- * dot segments. Anything else returns null and goes through `new URL`.
+ * dot segments. Anything else returns null (see `httpTarget`).
  */
 export function simpleHttpTarget(target: string): HttpTarget | null {
   const m = ABS_HTTP.exec(target)
@@ -281,4 +281,19 @@ export function simpleHttpTarget(target: string): HttpTarget | null {
   if (q === path.length - 1 || DOT_SEGMENT.test(q < 0 ? path : path.slice(0, q))) return null
   const authority = port === 80 ? hostname : `${hostname}:${port}`
   return { href: `http://${authority}${path}`, authority, hostname, port, path }
+}
+
+/** An absolute-form `http://` target: the direct reading when it applies, else WHATWG URL; null if it is not one. */
+export function httpTarget(target: string): HttpTarget | null {
+  const simple = simpleHttpTarget(target)
+  if (simple) return simple
+  let u: URL
+  try {
+    u = new URL(target)
+  } catch {
+    return null
+  }
+  if (u.protocol !== 'http:') return null
+  const hostname = u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname
+  return { href: u.href, authority: u.host, hostname, port: u.port ? Number(u.port) : 80, path: u.pathname + u.search }
 }

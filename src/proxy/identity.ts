@@ -24,19 +24,18 @@ export class ProxyIdentity {
   known(headers: IncomingHttpHeaders): string | null | undefined {
     const raw = headers['proxy-authorization']
     if (!raw) return this.defaultAgent
-    return this.registry.revision === this.revision ? this.answers.get(raw) : undefined
+    if (this.registry.revision !== this.revision) {
+      this.answers.clear()
+      this.revision = this.registry.revision
+    }
+    return this.answers.get(raw)
   }
 
   async of(headers: IncomingHttpHeaders): Promise<string | null> {
-    const raw = headers['proxy-authorization']
-    if (!raw) return this.defaultAgent
-    const revision = this.registry.revision
-    if (revision !== this.revision) {
-      this.answers.clear()
-      this.revision = revision
-    }
-    const hit = this.answers.get(raw)
+    const hit = this.known(headers)
     if (hit !== undefined) return hit
+    const raw = headers['proxy-authorization']!
+    const revision = this.revision
     const agentId = await this.verify(raw)
     // A revocation while verifying may have made this answer stale: keep it only if none came.
     if (agentId && this.registry.revision === revision) {

@@ -6,7 +6,8 @@ import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, r
 /**
  * The proxy's own keep-alive connections to targets, for the first send of a request on the
  * fast path: one request at a time per connection, the response head parsed here and the
- * body forwarded as it comes (never decoded). undici stays the engine's client for paid
+ * body passed on as it comes (as received, or without its chunked framing when the sink
+ * asks). undici stays the engine's client for paid
  * retries; this path exists because it costs about half the CPU per request (measured by
  * `npm run bench peers`).
  */
@@ -22,7 +23,7 @@ export interface ExchangeSink {
   /** false: stop reading the target until `Exchange.resume()`. */
   data(chunk: Buffer): boolean
   end(): void
-  /** After each batch of bytes from the target has been passed on (a chance to uncork). */
+  /** After each batch of bytes from the target has been passed on (a chance to write what the sink held back). */
   flush(): void
   /** `stale`: a reused connection failed before any byte came back, so a resend on a new one is safe for idempotent methods. */
   error(e: UpstreamError, stale: boolean): void
@@ -155,10 +156,11 @@ export class Exchange {
   }
 
   private finish(reuse: boolean): void {
-    this.finished = true
-    this.conn.exchange = null
-    if (reuse) this.pool.give(this.conn)
-    else this.conn.socket.destroy()
+    if (reuse) {
+      this.finished = true
+      this.conn.exchange = null
+      this.pool.give(this.conn)
+    } else this.stop()
     this.sink.end()
   }
 }

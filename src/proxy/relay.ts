@@ -56,7 +56,7 @@ class FirstSendSink implements ExchangeSink {
   /** The relayed head, written with the first body bytes: one plain write rather than a writev. */
   private headText: string | null = null
   private retried = false
-  exchange!: Exchange
+  private exchange!: Exchange
 
   constructor(
     private readonly pool: OriginPool,
@@ -118,8 +118,9 @@ class FirstSendSink implements ExchangeSink {
   }
 
   end(): void {
-    if (this.mode === 'engine') this.body!.push(null)
-    else this.resolve({ kind: 'relayed', status: this.status })
+    if (this.mode === 'engine') return void this.body!.push(null)
+    this.flush()
+    this.resolve({ kind: 'relayed', status: this.status })
   }
 
   flush(): void {

@@ -13,7 +13,7 @@ import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
 import { forwardRequestHeaders, forwardResponseHeaders, headerValue } from './headers.js'
-import { hasConnectionToken, simpleHttpTarget, type HttpTarget, type RequestHead } from './http1.js'
+import { hasConnectionToken, httpTarget, type RequestHead } from './http1.js'
 import { ProxyIdentity } from './identity.js'
 import { OriginPool, type Origin } from './origins.js'
 import { requestHead, sendFirst, writeAnswer } from './relay.js'
@@ -36,7 +36,8 @@ const AUTH_REALM = 'Basic realm="paygate"'
 /** The raw 407 for sockets that left HTTP (CONNECT, upgrades). */
 const RAW_407 = `HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`
 const MAX_IDEMPOTENT_BODY = 8 * 1024 * 1024
-const DENY_BODY = JSON.stringify({ error: 'unauthorized', detail: 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy' })
+const DENY_BODY = Buffer.from(JSON.stringify({ error: 'unauthorized', detail: 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy' }))
+const DENY_HEADERS = { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': DENY_BODY.length }
 /** Safe (RFC 9110 §9.2.1), so sending one again is harmless, and without a body: the methods the fast path serves. */
 const FAST_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 
@@ -118,6 +119,12 @@ function relay(body: Readable, res: ServerResponse): Promise<void> {
   })
 }
 
+/** The error JSON as an answer, with `X-Paygate-Error` naming the code. */
+function errorAnswer(e: PaygateError): { headers: OutgoingHttpHeaders; body: Buffer } {
+  const body = Buffer.from(JSON.stringify(e.toBody()))
+  return { headers: { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body }
+}
+
 /** `host:port` of a CONNECT target, IPv6 in brackets. */
 function splitAuthority(authority: string): { host: string; port: number } | null {
   const m = /^\[([^\]]+)\]:(\d{1,5})$/.exec(authority) ?? /^([^:]+):(\d{1,5})$/.exec(authority)
@@ -126,26 +133,12 @@ function splitAuthority(authority: string): { host: string; port: number } | nul
   return port > 0 && port < 65536 ? { host: m[1]!.toLowerCase(), port } : null
 }
 
-/** An absolute-form http:// target through WHATWG URL (the shapes simpleHttpTarget leaves). */
-function slowHttpTarget(target: string): HttpTarget | null {
-  let u: URL
-  try {
-    u = new URL(target)
-  } catch {
-    return null
-  }
-  if (u.protocol !== 'http:') return null
-  const hostname = u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname
-  return { href: u.href, authority: u.host, hostname, port: u.port ? Number(u.port) : 80, path: u.pathname + u.search }
-}
-
 const urlHost = (host: string): string => (isIP(host) === 6 ? `[${host}]` : host)
 
 function tunnelTo(agentId: string, scheme: 'http' | 'https', host: string, port: number): Tunnel {
   const authority = `${urlHost(host)}${port === (scheme === 'https' ? 443 : 80) ? '' : `:${port}`}`
   return { agentId, origin: `${scheme}://${authority}`, authority, dest: { https: scheme === 'https', host, port } }
 }
-
 
 function hostMatches(list: readonly string[], host: string): boolean {
   return list.some((e) => e === host || (e.startsWith('*.') && host.endsWith(e.slice(1))))
@@ -221,7 +214,7 @@ export class ProxyServer implements FastHost {
 
   private deny(res: ServerResponse): void {
     this.counters.authFailures++
-    res.writeHead(407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) })
+    res.writeHead(407, DENY_HEADERS)
     res.end(DENY_BODY)
   }
 
@@ -230,8 +223,8 @@ export class ProxyServer implements FastHost {
       res.destroy()
       return
     }
-    const body = JSON.stringify(e.toBody())
-    res.writeHead(e.status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-paygate-error': e.code, ...e.headers })
+    const { headers, body } = errorAnswer(e)
+    res.writeHead(e.status, headers)
     res.end(body)
   }
 
@@ -397,9 +390,9 @@ export class ProxyServer implements FastHost {
     return (conn.tunnel ? head.target.startsWith('/') : head.target.startsWith('http://')) ? 'fast' : 'node'
   }
 
-  handoff(conn: FastConn, pending: Buffer | null): void {
+  handoff(conn: FastConn, pending: Buffer): void {
     this.hold(conn.socket)
-    const stream = pending ? replayable(conn.socket, pending) : conn.socket
+    const stream = replayable(conn.socket, pending)
     if (conn.tunnel) {
       this.tunnels.set(stream, conn.tunnel)
       this.inner.emit('connection', stream)
@@ -435,10 +428,10 @@ export class ProxyServer implements FastHost {
       const id = this.identity.known(head.map as IncomingHttpHeaders) ?? (await this.identity.of(head.map as IncomingHttpHeaders))
       if (!id) {
         this.counters.authFailures++
-        return writeAnswer(conn, head.method, 407, { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': Buffer.byteLength(DENY_BODY) }, Buffer.from(DENY_BODY))
+        return writeAnswer(conn, head.method, 407, DENY_HEADERS, DENY_BODY)
       }
       agentId = id
-      const target = simpleHttpTarget(head.target) ?? slowHttpTarget(head.target)
+      const target = httpTarget(head.target)
       if (!target) {
         return this.writeError(conn, head.method, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
       }
@@ -480,8 +473,8 @@ export class ProxyServer implements FastHost {
   }
 
   private writeError(conn: FastConn, method: string, e: PaygateError): Promise<void> {
-    const body = Buffer.from(JSON.stringify(e.toBody()))
-    return writeAnswer(conn, method, e.status, { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body)
+    const { headers, body } = errorAnswer(e)
+    return writeAnswer(conn, method, e.status, headers, body)
   }
 
   // ---- CONNECT --------------------------------------------------------------------------
@@ -567,13 +560,10 @@ export class ProxyServer implements FastHost {
       if (c.idle) c.socket.destroy()
       else c.closeAfter = true
     }
-    this.http.closeIdleConnections()
-    this.inner.closeIdleConnections()
+    // Node's servers here never listen, so they track no connections: `others` does.
     const timer = setTimeout(() => {
       for (const c of this.fastConns) c.socket.destroy()
       for (const s of this.others) s.destroy()
-      this.http.closeAllConnections()
-      this.inner.closeAllConnections()
     }, graceMs)
     await closed
     clearTimeout(timer)
