@@ -2,6 +2,10 @@ import { mkdtempSync, rmSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Writable } from 'node:stream'
+import { createPublicClient, http, type Hex } from 'viem'
+import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
+import { viemChain } from '../../src/chain/chain.js'
+import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { loadConfig, type Config } from '../../src/config/load.js'
 import { startGateway, type Gateway, type GatewayOptions } from '../../src/gateway.js'
 import { createLogger } from '../../src/log/index.js'
@@ -74,6 +78,25 @@ export async function startTestGateway(
     async close(o = {}) {
       await gw.close()
       if (!o.keepData && !opts.dataDir) rmSync(dataDir, { recursive: true, force: true })
+    },
+  }
+}
+
+/**
+ * The gateway's chain as the payment tests use it: `GET /v1/chain`, a public client on its
+ * RPC, token balances, and fresh keys funded with gas (a facilitator settles with one).
+ */
+export async function testChain(gw: TestGateway) {
+  const info = (await gw.api('GET', '/v1/chain')).body
+  const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl), pollingInterval: 20 })
+  return {
+    info,
+    pub,
+    balanceOf: (a: Hex): Promise<bigint> => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] }),
+    async fundedKey(): Promise<Hex> {
+      const key = generatePrivateKey()
+      await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(key).address, '0x56bc75e2d63100000'] as never })
+      return key
     },
   }
 }

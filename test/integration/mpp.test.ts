@@ -1,12 +1,11 @@
 import t from 'tap'
-import { createPublicClient, decodeEventLog, http, type Hex } from 'viem'
+import { decodeEventLog, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { ProxyAgent, request } from 'undici'
-import { paygateUsdcAbi, paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
-import { viemChain } from '../../src/chain/chain.js'
+import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import type { Rail, RailCharge } from '../../src/engine/rails.js'
 import { OffsetClock } from '../../src/util/clock.js'
-import { startTestGateway } from '../helpers/gateway.js'
+import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startFakeCardProvider, startMppMerchant, type MppMerchant, type MppMerchantOptions } from '../helpers/mpp-merchant.js'
 
 const clock = new OffsetClock()
@@ -17,17 +16,14 @@ const gw = await startTestGateway({
   env: { PAYGATE_MPP_CARD_PROVIDER_URL: card.url, PAYGATE_MPP_CARD_PROVIDER_KEY: 'card-secret-key', PAYGATE_PAY_TIMEOUT_MS: '3000', PAYGATE_MPP_RATES: 'EUR=1.5' },
 })
 t.teardown(() => gw.close())
-const info = (await gw.api('GET', '/v1/chain')).body
-const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl), pollingInterval: 20 })
-const balanceOf = (a: Hex) => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] })
+const { info, pub, balanceOf, fundedKey } = await testChain(gw)
 
 const merchants: MppMerchant[] = []
 t.teardown(async () => {
   for (const m of merchants) await m.close()
 })
 async function merchant(o: Partial<MppMerchantOptions> = {}): Promise<{ m: MppMerchant; payTo: Hex }> {
-  const facilitatorKey = generatePrivateKey()
-  await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
+  const facilitatorKey = await fundedKey()
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const m = await startMppMerchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: '0.01', methods: ['tempo', 'stripe'], card, ...o })
   merchants.push(m)

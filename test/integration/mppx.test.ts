@@ -1,10 +1,8 @@
 import t from 'tap'
-import { createPublicClient, http, type Hex } from 'viem'
+import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { ProxyAgent, request } from 'undici'
-import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { viemChain } from '../../src/chain/chain.js'
-import { startTestGateway } from '../helpers/gateway.js'
+import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startFakeCardProvider } from '../helpers/mpp-merchant.js'
 import { startMppxMerchant, type MppxMerchant, type MppxMerchantOptions } from '../helpers/mppx-merchant.js'
 
@@ -13,17 +11,14 @@ const card = await startFakeCardProvider()
 t.teardown(() => card.close())
 const gw = await startTestGateway({ env: { PAYGATE_MPP_CARD_PROVIDER_URL: card.url, PAYGATE_PAY_TIMEOUT_MS: '3000' } })
 t.teardown(() => gw.close())
-const info = (await gw.api('GET', '/v1/chain')).body
-const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl), pollingInterval: 20 })
-const balanceOf = (a: Hex) => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] })
+const { info, balanceOf, fundedKey } = await testChain(gw)
 
 const merchants: MppxMerchant[] = []
 t.teardown(async () => {
   for (const m of merchants) await m.close()
 })
 async function merchant(o: Partial<MppxMerchantOptions> = {}): Promise<{ m: MppxMerchant; recipient: Hex }> {
-  const facilitatorKey = generatePrivateKey()
-  await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
+  const facilitatorKey = await fundedKey()
   const recipient = privateKeyToAccount(generatePrivateKey()).address
   const m = await startMppxMerchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, recipient, price: '0.01', card, ...o })
   merchants.push(m)

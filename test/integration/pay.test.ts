@@ -1,20 +1,17 @@
 import t from 'tap'
-import { createPublicClient, http, type Hex } from 'viem'
+import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { paygateUsdcAbi, paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
-import { viemChain } from '../../src/chain/chain.js'
+import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { recordIdOf } from '../../src/chain/ledger-tx.js'
-import { startTestGateway } from '../helpers/gateway.js'
+import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startSpecMerchant, startV1Merchant, startV2Merchant, type Merchant, type MerchantOptions } from '../helpers/merchants.js'
 
 /** Real merchants (official x402 v2 and v1 packages, and the spec shapes) on the embedded chain (id 84532). */
 const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_PAY_TIMEOUT_MS: '1500' } })
 t.teardown(() => gw.close())
-const info = (await gw.api('GET', '/v1/chain')).body
-const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl), pollingInterval: 20 })
-const balanceOf = (a: Hex) => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] })
+const { info, pub, balanceOf, fundedKey } = await testChain(gw)
 
 const PRICE = 10_000n // 0.01 USDC
 const merchants: Merchant[] = []
@@ -22,8 +19,7 @@ t.teardown(async () => {
   for (const m of merchants) await m.close()
 })
 async function merchant(kind: 'v1' | 'v2' | 'simple' | 'accepts', extra: Partial<MerchantOptions> = {}): Promise<{ m: Merchant; payTo: Hex }> {
-  const facilitatorKey = generatePrivateKey()
-  await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
+  const facilitatorKey = await fundedKey()
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const opts: MerchantOptions = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: PRICE, ...extra }
   const m = kind === 'v2' ? await startV2Merchant(opts) : kind === 'v1' ? await startV1Merchant(opts) : await startSpecMerchant({ ...opts, shape: kind })

@@ -7,12 +7,10 @@ import { join } from 'node:path'
 import { createServer as createTlsServer } from 'node:tls'
 import { promisify } from 'node:util'
 import { ProxyAgent, request } from 'undici'
-import { createPublicClient, http, type Hex } from 'viem'
+import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { viemChain } from '../../src/chain/chain.js'
 import { CertificateAuthority } from '../../src/proxy/ca.js'
-import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
 import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
 const run = promisify(execFile)
@@ -41,9 +39,7 @@ t.teardown(() => gw.close())
 const caFile = join(dir, 'paygate-ca.pem')
 writeFileSync(caFile, (await gw.api('GET', '/v1/ca.pem', { key: null })).text)
 const proxyPort = new URL(gw.gw.proxyUrl).port
-const info = (await gw.api('GET', '/v1/chain')).body
-const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl) })
-const balanceOf = (a: Hex) => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] })
+const { info, balanceOf, fundedKey } = await testChain(gw)
 
 const closers: (() => Promise<unknown>)[] = []
 t.teardown(async () => {
@@ -66,8 +62,7 @@ async function tlsFront(m: Merchant): Promise<string> {
 }
 
 async function merchant(kind: 'v1' | 'v2'): Promise<{ m: Merchant; https: string; payTo: Hex }> {
-  const facilitatorKey = generatePrivateKey()
-  await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
+  const facilitatorKey = await fundedKey()
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: 5_000n }
   const m = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
