@@ -105,13 +105,13 @@ class FirstSendSink implements ExchangeSink {
     return true
   }
 
-  data(chunk: Buffer): boolean {
-    if (this.mode === 'engine') return this.body!.push(chunk)
+  data(chunk: Buffer, transient: boolean): boolean {
+    if (this.mode === 'engine') return this.body!.push(transient ? Buffer.from(chunk) : chunk)
     let out = chunk
     if (this.headText !== null) {
       out = withHead(this.headText, chunk)
       this.headText = null
-    }
+    } else if (transient) out = Buffer.from(chunk)
     if (this.conn.socket.write(out)) return true
     this.conn.socket.once('drain', () => this.exchange.resume())
     return false

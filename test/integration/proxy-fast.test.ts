@@ -242,6 +242,77 @@ t.test('a composed answer is re-framed (chunked) byte for byte under backpressur
   socket.destroy()
 })
 
+t.test('large answers keep every byte: relayed to a slow agent, and a 402 read by the engine', async (t) => {
+  // The target's bytes are read into one reused buffer; a patterned body shows any byte that
+  // was overwritten before it went out.
+  const SIZE = 6 * 1024 * 1024
+  const payload = Buffer.alloc(SIZE)
+  for (let i = 0; i < SIZE; i++) payload[i] = (i * 7 + (i >> 12)) % 253
+  const unpayable = payload.subarray(0, 200 * 1024)
+  const bulk = createServer((req, res) => {
+    if (req.url === '/402') {
+      res.writeHead(402, { 'content-type': 'application/octet-stream', 'content-length': unpayable.length })
+      res.end(unpayable)
+      return
+    }
+    const chunked = req.url === '/chunked'
+    res.writeHead(200, chunked ? {} : { 'content-length': SIZE })
+    let at = 0
+    const pump = (): void => {
+      while (at < SIZE) {
+        const part = payload.subarray(at, at + 100_000)
+        at += part.length
+        if (!res.write(part)) return void res.once('drain', pump)
+      }
+      res.end()
+    }
+    pump()
+  })
+  const addr = await listen(bulk)
+  const fetchRaw = (path: string): Promise<{ head: string; body: Buffer }> =>
+    new Promise((resolve, reject) => {
+      const s: Socket = connect(Number(proxy.port), proxy.hostname, () => s.write(`GET http://${addr}${path} HTTP/1.1\r\nHost: ${addr}\r\n\r\n`))
+      const parts: Buffer[] = []
+      let head = ''
+      let framer: BodyFramer | null = null
+      let rest = Buffer.alloc(0)
+      const timer = setTimeout(() => reject(new Error(`no complete answer for ${path}`)), 20_000)
+      // A slow reader: the gateway meets a full socket and has to hold the target back.
+      s.pause()
+      setTimeout(() => s.resume(), 100)
+      s.on('data', (d: Buffer) => {
+        let body = d
+        if (!framer) {
+          rest = Buffer.concat([rest, d])
+          const end = rest.indexOf('\r\n\r\n')
+          if (end < 0) return
+          head = rest.toString('latin1', 0, end + 4)
+          body = rest.subarray(end + 4)
+          const cl = /content-length: (\d+)/i.exec(head)
+          framer = new BodyFramer(cl ? { kind: 'length', length: Number(cl[1]) } : { kind: 'chunked' }, !cl)
+        }
+        const stop = framer.feed(body)
+        if (!framer.decoding) parts.push(stop < 0 ? body : body.subarray(0, stop))
+        if (stop >= 0) {
+          clearTimeout(timer)
+          s.destroy()
+          resolve({ head, body: framer.decoding ? Buffer.concat(framer.decoded) : Buffer.concat(parts) })
+        }
+      })
+      s.on('error', reject)
+    })
+  for (const path of ['/length', '/chunked']) {
+    const { head, body } = await fetchRaw(path)
+    t.match(head, /^HTTP\/1\.1 200 OK\r\n/, path)
+    t.equal(body.length, SIZE, `${path}: every byte`)
+    t.ok(body.equals(payload), `${path}: the same bytes`)
+  }
+  const { head, body } = await fetchRaw('/402')
+  t.match(head, /^HTTP\/1\.1 402 /)
+  t.match(head, /x-paygate-error: payment_protocol_error/i, 'passed through unpaid, saying why')
+  t.ok(body.equals(unpayable), 'the 402 body as the target sent it')
+})
+
 t.test('an unreachable target is a 502 with the error body', async (t) => {
   const s = createNetServer()
   const addr = await new Promise<string>((r) => s.listen(0, '127.0.0.1', () => r(`127.0.0.1:${(s.address() as AddressInfo).port}`)))
