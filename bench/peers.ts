@@ -1,14 +1,17 @@
 /**
- * wrk (a separate load generator) against a trivial loopback target: direct, through
+ * wrk (a separate load generator) against a trivial loopback target (its own process): direct, through
  * Paygate (absolute-form, identity checked on every request), and through the peer proxies
  * whose Debian packages are installed (tinyproxy, squid, mitmproxy). Every line comes from
  * the same run. Missing tools are reported and skipped (apt-get install wrk tinyproxy squid mitmproxy).
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
 import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
@@ -100,13 +103,10 @@ export async function benchPeers(seconds = 5): Promise<void> {
   }
   const dir = tempDir('paygate-bench-peers-')
   chmodSync(dir, 0o777)
-  const target = createServer((_req, res) => {
-    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': 2 })
-    res.end('ok')
-  })
-  target.keepAliveTimeout = 60_000
-  await new Promise<void>((r) => target.listen(0, '127.0.0.1', r))
-  const targetUrl = `http://127.0.0.1:${(target.address() as AddressInfo).port}/`
+  // The target runs in its own process: this one also drains Paygate's log pipe.
+  const target = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./ok-target.ts', import.meta.url))], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const [line0] = (await once(createInterface({ input: target.stdout! }), 'line')) as [string]
+  const targetUrl = (JSON.parse(line0) as { url: string }).url
   const proxyScript = (auth: string | null): string => {
     const f = join(dir, `abs-${auth ? 'auth' : 'plain'}.lua`)
     writeFileSync(f, `wrk.path = "${targetUrl}"\n${auth ? `wrk.headers["Proxy-Authorization"] = "${auth}"\n` : ''}`)
@@ -179,7 +179,7 @@ export async function benchPeers(seconds = 5): Promise<void> {
     for (const [name, rps] of Object.entries(peers)) console.log(`Paygate / ${name}: ${fmt(paygate.rps / rps)}x`)
   } finally {
     for (const c of children) await stopChild(c)
-    await new Promise<void>((r) => target.close(() => r()))
+    await stopChild(target)
     rmSync(dir, { recursive: true, force: true })
   }
 }
