@@ -42,9 +42,11 @@ export function sendReply(res: ServerResponse, reply: Reply): void {
   headers['content-type'] = 'application/json; charset=utf-8'
   headers['content-length'] = Buffer.byteLength(data)
   res.writeHead(reply.status, headers)
-  // write() then end(): the head and body leave in one write() syscall; end(data) corks
-  // them with an empty final chunk into a writev, which costs more CPU here.
+  // Head and body leave in one write() syscall: write() corks the socket with both in one
+  // chunk, and uncorking at once sends that chunk alone. end(data), or end() with anything
+  // still corked, adds an empty final chunk and goes out as a writev, which costs more CPU.
   res.write(data)
+  res.socket?.uncork()
   res.end()
 }
 
