@@ -1,6 +1,8 @@
 import t from 'tap'
+import { spawnSync } from 'node:child_process'
 import { readFileSync, rmSync } from 'node:fs'
 import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import { tempDir } from '../helpers/gateway.js'
 import { call, runCli, spawnGateway } from '../helpers/process.js'
 
@@ -76,4 +78,20 @@ t.test('the sidecar default agent is refused on a non-loopback proxy bind unless
   const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', PAYGATE_PROXY_HOST: '0.0.0.0', PAYGATE_PROXY_DEFAULT_AGENT: 'side' }, [])
   t.equal(r.code, 2)
   t.match(r.stderr, /proxy\.defaultAgent is allowed only when the proxy binds to loopback/)
+})
+
+t.test('the package bin (`paygate`) runs the same CLI: `paygate ca` prints the CA that `npm start -- ca` prints', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const env = { PATH: process.env.PATH ?? '', PAYGATE_DATA_DIR: dataDir, PAYGATE_CERTS_DIR: join(dataDir, 'certs') }
+  const bin = fileURLToPath(new URL('../../bin/paygate.js', import.meta.url))
+  const viaBin = spawnSync(process.execPath, [bin, 'ca'], { env, encoding: 'utf8', timeout: 60_000 })
+  t.equal(viaBin.status, 0, viaBin.stderr)
+  t.match(viaBin.stdout, /^-----BEGIN CERTIFICATE-----\n/)
+  const viaCli = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_CERTS_DIR: join(dataDir, 'certs') }, ['ca'])
+  t.equal(viaCli.code, 0)
+  t.equal(viaBin.stdout, viaCli.stdout, 'the same CA, created once and reused')
+  const bad = spawnSync(process.execPath, [bin, 'nope'], { env, encoding: 'utf8', timeout: 60_000 })
+  t.equal(bad.status, 2)
+  t.match(bad.stderr, /unknown command or argument "nope"/)
 })
