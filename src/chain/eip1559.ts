@@ -4,6 +4,7 @@
  * objects) on the paid path. Bytes are identical to viem's `serializeTransaction`
  * (test/unit/eip1559.test.ts compares them on randomized inputs).
  */
+import { MAX_UINT256 } from '../util/money.js'
 
 export interface Eip1559Fields {
   chainId: number
@@ -24,7 +25,6 @@ export interface TxSignature {
   yParity: 0 | 1
 }
 
-const MAX_UINT256 = 2n ** 256n - 1n
 const EMPTY = Buffer.alloc(0)
 const TYPE = Buffer.of(0x02)
 /** An empty access list: the RLP of an empty list. */

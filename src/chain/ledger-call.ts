@@ -6,8 +6,8 @@
 import { keccak256Bytes } from '../crypto/keccak.js'
 import { paymentLedgerAbi } from './contracts/abis.js'
 import type { LedgerEntry } from './ledger-tx.js'
+import { MAX_UINT256 } from '../util/money.js'
 
-const MAX_UINT256 = 2n ** 256n - 1n
 const BYTES32_RE = /^0x[0-9a-fA-F]{64}$/
 
 /** Checked against the contract's ABI at load: a changed contract fails loudly instead of being recorded wrongly. */

@@ -18,6 +18,7 @@
 import { Challenge, Credential, Receipt } from 'mppx'
 import { getAddress, isAddress, keccak256, toHex } from 'viem'
 import { PaygateError, type ErrorCode } from '../errors/index.js'
+import { MAX_UINT256 } from '../util/money.js'
 import { toBaseUnits } from './mpp.js'
 import { authorizationJson } from './x402.js'
 import type { Address, Eip3009Authorization, Hex, HttpAnswer, PayableChain, Settlement } from './types.js'
@@ -76,8 +77,6 @@ function headerValues(headers: HttpAnswer['headers'], name: string): string[] {
   const v = headers[name]
   return v === undefined ? [] : Array.isArray(v) ? v : [v]
 }
-
-const MAX_UINT256 = 2n ** 256n - 1n
 
 function uintString(v: unknown, field: string): bigint {
   if (typeof v !== 'string' || !/^\d{1,78}$/.test(v)) throw new Error(`${field} must be an integer string`)

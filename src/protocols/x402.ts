@@ -26,6 +26,7 @@ import { getAddress, isAddress, type TypedDataDefinition } from 'viem'
 import { keccak256Bytes } from '../crypto/keccak.js'
 import { PaygateError } from '../errors/index.js'
 import { deepFreeze, Lru } from '../util/lru.js'
+import { MAX_UINT256 } from '../util/money.js'
 import type {
   Address,
   Detection,
@@ -95,7 +96,6 @@ export type TransferWithAuthorizationTypedData = TypedDataDefinition<
 export const DEFAULT_TIMEOUT_SECONDS = 60
 /** A body larger than this is not parsed for offers. */
 const MAX_BODY_BYTES = 1024 * 1024
-const MAX_UINT256 = 2n ** 256n - 1n
 
 // ---------------------------------------------------------------------------
 // small readers

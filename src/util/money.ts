@@ -5,6 +5,9 @@
 export const USDC_DECIMALS = 6
 const SCALE = 10n ** BigInt(USDC_DECIMALS)
 
+/** The largest uint256 (EVM words: token amounts, RLP and ABI integers). */
+export const MAX_UINT256 = 2n ** 256n - 1n
+
 /** Upper bound for any configured amount: 10^12 USDC keeps every sum far inside 2^63. */
 export const MAX_USDC_UNITS = 10n ** 12n * SCALE
 
