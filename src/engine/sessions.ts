@@ -42,7 +42,7 @@ export class MppSessions {
   /** As `valid` from memory alone; undefined when that would need a store read. */
   cachedValid(agentId: string, origin: string): MppSession | null | undefined {
     const s = this.cache.get(keyOf(agentId, origin))
-    return s === undefined ? undefined : s && s.expiresAt > this.clock.now() ? s : null
+    return s === undefined ? undefined : this.unexpired(s)
   }
 
   /** The agent's unexpired session with `origin`, if any. */
@@ -54,6 +54,10 @@ export class MppSessions {
       if (this.cache.size > 10_000) this.cache.clear()
       this.cache.set(k, s)
     }
+    return this.unexpired(s)
+  }
+
+  private unexpired(s: MppSession | null): MppSession | null {
     return s && s.expiresAt > this.clock.now() ? s : null
   }
 

@@ -76,12 +76,12 @@ export class MppAdapter implements ProtocolAdapter {
     return { present: true, plan: this.plan(offer, choice, chain) }
   }
 
-  /** The agent's valid session with the service at `url`, if any. */
   /** As `session` from memory alone; undefined when that would need a store read. */
   cachedSession(agentId: string, url: string, origin = originOf(url)): MppSession | null | undefined {
     return this.sessions.cachedValid(agentId, origin)
   }
 
+  /** The agent's valid session with the service at `url`, if any. */
   session(agentId: string, url: string, origin = originOf(url)): Promise<MppSession | null> {
     return this.sessions.valid(agentId, origin)
   }
