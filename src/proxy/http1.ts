@@ -82,10 +82,11 @@ function parseFields(text: string, from: number): Fields | null {
   return { raw, names, map }
 }
 
-/** The start line and where the fields begin, in `text` (the head without its final CRLFCRLF). */
-function startLine(text: string): [string, number] {
+/** The head in `buf[0..end)` as latin1 without its final CRLFCRLF, its start line, and where its fields begin. */
+function headText(buf: Buffer, end: number): [text: string, first: string, from: number] {
+  const text = buf.toString('latin1', 0, end - 4)
   const eol = text.indexOf('\r\n')
-  return eol < 0 ? [text, text.length] : [text.slice(0, eol), eol + 2]
+  return eol < 0 ? [text, text, text.length] : [text, text.slice(0, eol), eol + 2]
 }
 
 export interface RequestHead extends Fields {
@@ -97,8 +98,7 @@ export interface RequestHead extends Fields {
 
 /** An HTTP/1.1 request head in `buf[0..end)`; null when it is outside the fast path's subset. */
 export function parseRequestHead(buf: Buffer, end: number): RequestHead | null {
-  const text = buf.toString('latin1', 0, end - 4)
-  const [first, from] = startLine(text)
+  const [text, first, from] = headText(buf, end)
   const a = first.indexOf(' ')
   const b = first.indexOf(' ', a + 1)
   if (a <= 0 || b <= a + 1 || first.slice(b + 1) !== 'HTTP/1.1') return null
@@ -118,8 +118,7 @@ export interface ResponseHead extends Fields {
 }
 
 export function parseResponseHead(buf: Buffer, end: number): ResponseHead | null {
-  const text = buf.toString('latin1', 0, end - 4)
-  const [first, from] = startLine(text)
+  const [text, first, from] = headText(buf, end)
   const m = /^HTTP\/1\.([01]) ([1-9]\d\d)(?: ([\t\x20-\x7e\x80-\xff]*))?$/.exec(first)
   if (!m) return null
   const f = parseFields(text, from)
