@@ -425,7 +425,10 @@ export class ProxyServer implements FastHost {
       url = conn.tunnel.origin + head.target
       path = head.target
     } else {
-      const id = this.identity.known(head.map as IncomingHttpHeaders) ?? (await this.identity.of(head.map as IncomingHttpHeaders))
+      const headers = head.map as IncomingHttpHeaders
+      // Known answers (a refusal too) without an await; only a new credential is verified.
+      const known = this.identity.known(headers)
+      const id = known !== undefined ? known : await this.identity.of(headers)
       if (!id) {
         this.counters.authFailures++
         return writeAnswer(conn, head.method, 407, DENY_HEADERS, DENY_BODY)
