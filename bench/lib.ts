@@ -1,3 +1,8 @@
+import { spawn, type ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+
 /** Small helpers for benchmarks: percentiles and bounded loops. Figures are ratios against a baseline from the same run. */
 export function percentile(sorted: number[], p: number): number {
   if (!sorted.length) return NaN
@@ -47,3 +52,17 @@ export const fmt = (n: number, d = 2): string => n.toFixed(d)
 
 /** `BENCH_PROFILE=<dir>`: each benchmark's gateway process writes a V8 CPU profile there when it stops. */
 export const gatewayNodeArgs = (): string[] => (process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : [])
+
+/**
+ * A benchmark's server (`./<script>.ts` here) in its own process, as a real target or merchant
+ * would be; resolves once it prints its `{"url": ...}` line.
+ */
+export async function spawnServer(script: string, env: Record<string, string> = {}): Promise<{ proc: ChildProcess; url: string }> {
+  const proc = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL(script, import.meta.url))], {
+    cwd: fileURLToPath(new URL('..', import.meta.url)),
+    env: { PATH: process.env.PATH ?? '', ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const [line] = (await once(createInterface({ input: proc.stdout! }), 'line')) as [string]
+  return { proc, url: (JSON.parse(line) as { url: string }).url }
+}

@@ -4,10 +4,6 @@
  * merchant and the callers each run in their own process, as in a deployment. Everything durable: LevelDB records, ledger outbox, the embedded chain; the
  * run ends when the ledger contract counts every payment.
  */
-import { spawn } from 'node:child_process'
-import { once } from 'node:events'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { readFileSync, rmSync } from 'node:fs'
 import { join } from 'node:path'
 import { Pool } from 'undici'
@@ -16,7 +12,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { paymentLedgerAbi } from '../src/chain/contracts/abis.js'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { fmt, gatewayNodeArgs, throughput, timeSequential } from './lib.js'
+import { fmt, gatewayNodeArgs, spawnServer, throughput, timeSequential } from './lib.js'
 
 export async function benchPay(opts: { sequential: number; concurrent: number; maxMs: number }): Promise<void> {
   const dataDir = tempDir('paygate-bench-')
@@ -28,13 +24,7 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   const payTo = privateKeyToAccount(generatePrivateKey()).address
 
   // The merchant runs in its own process too, so the floor and the paid path cross the same process boundaries.
-  const merchant = spawn(process.execPath, ['--import', 'tsx', 'bench/x402-merchant.ts'], {
-    cwd: fileURLToPath(new URL('..', import.meta.url)),
-    env: { PATH: process.env.PATH ?? '', BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  })
-  const [line] = (await once(createInterface({ input: merchant.stdout! }), 'line')) as [string]
-  const murl = (JSON.parse(line) as { url: string }).url
+  const { proc: merchant, url: murl } = await spawnServer('./x402-merchant.ts', { BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo })
 
   const CALLERS = 16
   for (let i = 0; i < CALLERS; i++) {

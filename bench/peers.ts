@@ -5,17 +5,14 @@
  * the same run. Missing tools are reported and skipped (apt-get install wrk tinyproxy squid mitmproxy).
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
-import { once } from 'node:events'
 import { chmodSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { fmt, gatewayNodeArgs } from './lib.js'
+import { fmt, gatewayNodeArgs, spawnServer } from './lib.js'
 
 const run = promisify(execFile)
 const has = async (bin: string): Promise<boolean> => run('sh', ['-c', `command -v ${bin}`]).then(() => true, () => false)
@@ -104,9 +101,7 @@ export async function benchPeers(seconds = 5): Promise<void> {
   const dir = tempDir('paygate-bench-peers-')
   chmodSync(dir, 0o777)
   // The target runs in its own process: this one also drains Paygate's log pipe.
-  const target = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./ok-target.ts', import.meta.url))], { stdio: ['ignore', 'pipe', 'inherit'] })
-  const [line0] = (await once(createInterface({ input: target.stdout! }), 'line')) as [string]
-  const targetUrl = (JSON.parse(line0) as { url: string }).url
+  const { proc: target, url: targetUrl } = await spawnServer('./ok-target.ts')
   const proxyScript = (auth: string | null): string => {
     const f = join(dir, `abs-${auth ? 'auth' : 'plain'}.lua`)
     writeFileSync(f, `wrk.path = "${targetUrl}"\n${auth ? `wrk.headers["Proxy-Authorization"] = "${auth}"\n` : ''}`)
