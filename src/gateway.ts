@@ -187,6 +187,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       maxBufferBytes: config.proxy.maxBufferBytes,
       defaultAgent: config.proxy.defaultAgent,
       passThrough: config.proxy.passThrough,
+      accessLog: config.proxy.accessLog,
       ...(config.upstream.caFile ? { upstreamCa: [...rootCertificates, readFileSync(config.upstream.caFile, 'utf8')] } : {}),
     })
     router.add(...caRoutes(ca))

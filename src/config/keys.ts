@@ -75,6 +75,11 @@ export const KEYS: readonly KeySpec[] = [
     doc: 'Sidecar mode: the agent used when a proxy request carries no credentials. Allowed only when the proxy binds to loopback, unless `proxy.allowRemoteDefaultAgent` is set.',
   },
   { path: 'proxy.allowRemoteDefaultAgent', kind: 'bool', doc: 'Allow `proxy.defaultAgent` on a non-loopback bind (a container whose port only the agent can reach).' },
+  {
+    path: 'proxy.accessLog',
+    kind: 'bool',
+    doc: 'One info line per proxied request (agent, method, host, status, amount paid, error, ms). `false` turns that line off (as squid\'s `access_log none`); payments, failures and warnings are logged either way.',
+  },
   { path: 'proxy.passThrough', kind: 'hostList', doc: 'Hosts tunnelled untouched through CONNECT (no interception, no paying), for pinned clients. Comma-separated in the environment.' },
   { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },
   { path: 'chain.chainId', kind: 'int', min: 1, max: 2 ** 48, doc: 'Chain id. The embedded chain uses it (84532 lets x402 v1 packages settle on it as `base-sepolia`); an external chain must report it.' },

@@ -10,7 +10,7 @@ export interface Config {
   accountKey: string | null
   masterKey: string | null
   api: { host: string; port: number; maxBodyBytes: number; rateLimit: { perMinute: number; burst: number } }
-  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[] }
+  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[]; accessLog: boolean }
   chain: {
     rpcUrl: string | null
     chainId: number

@@ -28,6 +28,8 @@ export interface ProxyDeps {
   maxBufferBytes: number
   defaultAgent: string | null
   passThrough: readonly string[]
+  /** The info line per proxied request (default on). */
+  accessLog?: boolean
   /** Extra CAs trusted for upstream TLS on WebSocket upgrades (the engine has its own). */
   upstreamCa?: string[]
 }
@@ -320,6 +322,7 @@ export class ProxyServer implements FastHost {
   }
 
   private logRequest(agentId: string, method: string, host: string, status: number, paid: bigint | null, error: string | undefined, started: number): void {
+    if (this.d.accessLog === false) return
     this.access({ agentId, method, host, status, paidUsdc: paid === null ? undefined : formatUnits(paid), error, ms: Math.round((performance.now() - started) * 100) / 100 })
   }
 

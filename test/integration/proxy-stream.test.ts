@@ -101,6 +101,23 @@ t.test('sidecar mode: no credentials uses the default agent', async (t) => {
   t.ok(gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"agentId":"sidecar"')), 'logged as the default agent')
 })
 
+t.test('proxy.accessLog false: requests are served without their info line', async (t) => {
+  const dir = tempDir()
+  const quiet = await startTestGateway({ dataDir: dir, env: { PAYGATE_PROXY_DEFAULT_AGENT: 'sidecar', PAYGATE_PROXY_ACCESS_LOG: 'false' } })
+  t.teardown(async () => {
+    await quiet.close()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  await quiet.api('POST', '/v1/agents', { body: { agentId: 'sidecar' } })
+  const echo = await listen(createServer((_req, res) => res.end('quiet')))
+  const agent = new ProxyAgent({ uri: quiet.gw.proxyUrl, proxyTunnel: false } as never)
+  t.teardown(() => agent.close())
+  const r = await request(`${echo}/`, { dispatcher: agent })
+  t.equal(await r.body.text(), 'quiet')
+  t.ok(quiet.logs.some((l) => l.includes('"msg":"chain ready"')), 'the gateway still logs at info')
+  t.notOk(quiet.logs.some((l) => l.includes('"msg":"proxy request"')), 'no line per proxied request')
+})
+
 t.test('WebSocket echo through the proxy', async (t) => {
   const srv = createServer()
   const wss = new WebSocketServer({ server: srv })
