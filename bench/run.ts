@@ -18,7 +18,7 @@ function benchDevnet(): Promise<void> {
 const benches: Record<string, () => Promise<void>> = {
   pay: () => benchPay({ sequential: 2000, concurrent: 20_000, maxMs: 20_000 }),
   proxy: () => benchProxy({ count: 30_000, maxMs: 10_000 }),
-  peers: () => benchPeers(5),
+  peers: () => benchPeers(5, 4),
   devnet: benchDevnet,
 }
 
