@@ -109,9 +109,9 @@ export interface PeerProxy {
 
 /**
  * mitmdump, the reference for TLS interception, verifying upstream TLS against `upstreamCa`
- * as Paygate does; null (and a line saying why) when it is not installed or does not start.
+ * as Paygate does, on `cpu` when given; null (and a line saying why) when it is not installed or does not start.
  */
-export async function startMitmproxy(dir: string, upstreamCa: string | null): Promise<PeerProxy | null> {
+export async function startMitmproxy(dir: string, upstreamCa: string | null, cpu?: number): Promise<PeerProxy | null> {
   if (!(await has('mitmdump'))) {
     console.log('mitmproxy not installed (apt-get install mitmproxy): skipped')
     return null
@@ -120,7 +120,8 @@ export async function startMitmproxy(dir: string, upstreamCa: string | null): Pr
   const confdir = join(dir, 'mitmproxy')
   mkdirSync(confdir, { recursive: true })
   const args = ['-q', '--listen-host', '127.0.0.1', '-p', String(port), '--set', `confdir=${confdir}`, ...(upstreamCa ? ['--set', `ssl_verify_upstream_trusted_ca=${upstreamCa}`] : [])]
-  const c = spawn(...(await onCpu(PROXY_CPU, 'mitmdump', args)), { stdio: 'ignore' })
+  const [cmd, argv] = cpu === undefined ? ['mitmdump', args] : await onCpu(cpu, 'mitmdump', args)
+  const c = spawn(cmd, argv, { stdio: 'ignore' })
   try {
     await waitPort(port, 20_000)
   } catch (e) {
@@ -229,7 +230,7 @@ export async function benchPeers(seconds = 5, rounds = 3): Promise<void> {
         }
       }
     } else console.log('squid not installed (apt-get install squid): skipped')
-    const mitm = await startMitmproxy(dir, null)
+    const mitm = await startMitmproxy(dir, null, PROXY_CPU)
     if (mitm) contenders.push({ name: 'mitmproxy', url: mitm.url, script: proxyScript(null), pid: mitm.pid, stop: () => mitm.stop() })
 
     const runs = new Map<string, WrkResult[]>(contenders.map((c) => [c.name, []]))
