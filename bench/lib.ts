@@ -29,6 +29,27 @@ export async function timeSequential(count: number, maxMs: number, fn: () => Pro
   return { n: out.length, p50: percentile(out, 50), p99: percentile(out, 99) }
 }
 
+/**
+ * Run `a` and `b` alternately `count` times each (or until `maxMs`), timing every call in
+ * ms: a slow moment of the machine then touches both series alike.
+ */
+export async function timeAlternating(count: number, maxMs: number, a: () => Promise<void>, b: () => Promise<void>): Promise<[Latencies, Latencies]> {
+  const out: [number[], number[]] = [[], []]
+  const end = Date.now() + maxMs
+  const fns = [a, b] as const
+  for (let i = 0; i < count && Date.now() < end; i++) {
+    for (const k of [0, 1] as const) {
+      const t0 = process.hrtime.bigint()
+      await fns[k]()
+      out[k].push(Number(process.hrtime.bigint() - t0) / 1e6)
+    }
+  }
+  return out.map((xs) => {
+    xs.sort((x, y) => x - y)
+    return { n: xs.length, p50: percentile(xs, 50), p99: percentile(xs, 99) }
+  }) as [Latencies, Latencies]
+}
+
 /** `workers` concurrent loops calling `fn` until `count` calls or `maxMs`; returns calls per second. */
 export async function throughput(workers: number, count: number, maxMs: number, fn: () => Promise<void>): Promise<{ n: number; perSec: number }> {
   let started = 0
