@@ -116,6 +116,12 @@ t.test('proxy.accessLog false: requests are served without their info line', asy
   t.equal(await r.body.text(), 'quiet')
   t.ok(quiet.logs.some((l) => l.includes('"msg":"chain ready"')), 'the gateway still logs at info')
   t.notOk(quiet.logs.some((l) => l.includes('"msg":"proxy request"')), 'no line per proxied request')
+  // The same request through a gateway with the default config is logged.
+  const loud = new ProxyAgent({ uri: gw.gw.proxyUrl, proxyTunnel: false } as never)
+  t.teardown(() => loud.close())
+  await (await request(`${echo}/`, { dispatcher: loud })).body.text()
+  const host = new URL(echo).host
+  t.ok(gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes(`"host":"${host}"`)), 'logged by default')
 })
 
 t.test('WebSocket echo through the proxy', async (t) => {
