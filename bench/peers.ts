@@ -54,12 +54,12 @@ async function treeCpuMs(pid: number): Promise<number | null> {
  * CPU 0 and each proxy on CPU 1, one core apiece (squid runs with `workers 1`). Left to the
  * scheduler, the same build moved by up to 30% between runs here, by where it was placed.
  */
-export const LOAD_CPU = 0
-export const PROXY_CPU = 1
+const LOAD_CPU = 0
+const PROXY_CPU = 1
 let pinning: Promise<boolean> | undefined
 const canPin = (): Promise<boolean> => (pinning ??= availableParallelism() >= 2 ? has('taskset') : Promise.resolve(false))
 /** `cmd args` to run on `cpu` (as is when pinning is not available). */
-export async function onCpu(cpu: number, cmd: string, args: string[]): Promise<[string, string[]]> {
+async function onCpu(cpu: number, cmd: string, args: string[]): Promise<[string, string[]]> {
   return (await canPin()) ? ['taskset', ['-c', String(cpu), cmd, ...args]] : [cmd, args]
 }
 /** Move a running process (every thread) to `cpu`. */
@@ -161,7 +161,7 @@ const median = (xs: number[]): number => {
  * again; every other round in reverse order): a busy moment on the machine then touches
  * the contenders of a round alike, and each ratio is the median of the per-round ratios.
  */
-export async function benchPeers(seconds = 5, rounds = 3): Promise<void> {
+export async function benchPeers(seconds = 5, rounds = 4): Promise<void> {
   console.log(`\n== plain HTTP passthrough with wrk (1 thread, 10 connections; ${rounds} interleaved rounds of ${seconds} s${(await canPin()) ? `; load on CPU ${LOAD_CPU}, each proxy on CPU ${PROXY_CPU}` : ''}) ==`)
   if (!(await has('wrk'))) {
     console.log('wrk is not installed (apt-get install wrk): skipped')
