@@ -305,8 +305,8 @@ export class PaymentEngine {
     const signing = { address: signer.address, signDigest: (d: `0x${string}`) => signer.signDigest65(d) }
 
     // Policy, funds, signature and reservation, atomically per agent: one batch writes the
-    // hold and the record (with its signed authorization when signing is local) before
-    // anything leaves.
+    // hold and the record (with its authorization when signing is local: signed, or its
+    // EIP-3009 fields, signed while the batch is written) before anything leaves.
     const reserved = await this.withUsage(agentId, async () => {
       const [policy, usage] = await Promise.all([this.d.policies.policyOf(agentId), this.d.policies.usageOf(agentId)])
       const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, now)
@@ -324,14 +324,16 @@ export class PaymentEngine {
           return { kind: 'funds' as const, balance, available }
         }
       }
-      const authorization = plan.signsLocally ? await plan.authorize({ req, txId: base.id, wallet: signing, nowMs: now }) : undefined
+      const input = { req, txId: base.id, wallet: signing, nowMs: now }
+      const prepared = plan.signsLocally && plan.prepare ? plan.prepare(input) : null
+      const authorization = prepared ? prepared.unsigned : plan.signsLocally ? await plan.authorize(input) : undefined
       const rec: TxRecord = { ...base, ...(authorization ? { authorization } : {}) }
       // Enqueued under the lock (writes land in call order), awaited after it, so the
       // agent's next payment can be decided while this one is being written.
       // In flight before it can be seen on disk: the reconciler leaves it alone.
       this.inFlight.add(base.id)
       const written = outcome(this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)]))
-      return { kind: 'reserved' as const, rec, written }
+      return { kind: 'reserved' as const, rec, written, prepared }
     })
     if (reserved.kind === 'rejected') {
       this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: reserved.reason, detail: reserved.detail, endpoint: base.endpoint, transactionId: base.id })
@@ -344,6 +346,13 @@ export class PaymentEngine {
         available: { usdc: toUsdcNumber(available > 0n ? available : 0n) },
       })
     }
+    // An EIP-3009 authorization is signed while its reservation is being written (see Plan.prepare).
+    let signed: { ok: true; value: StoredAuthorization } | { ok: false; error: unknown } | null = null
+    try {
+      if (reserved.prepared) signed = { ok: true, value: reserved.prepared.sign() }
+    } catch (e) {
+      signed = { ok: false, error: e }
+    }
     const written = await reserved.written
     if (!written.ok) {
       this.inFlight.delete(base.id)
@@ -352,6 +361,12 @@ export class PaymentEngine {
     }
     try {
       let rec = reserved.rec
+      if (signed && !signed.ok) {
+        // Nothing was sent: the reservation is released.
+        await this.finish(rec, { status: 'failed', error: `signing failed: ${(signed.error as Error).message}` }, 'release')
+        throw signed.error
+      }
+      if (signed) rec = { ...rec, authorization: signed.value }
       if (!rec.authorization) {
         // A remote rail (card, ...) is asked only now, outside the agent's lock.
         let authorization: StoredAuthorization

@@ -205,6 +205,30 @@ t.test('insufficient funds: required and available', async (t) => {
   t.equal(m.stats.settlements, 0)
 })
 
+t.test('a signature that cannot be made: nothing is sent, the transaction fails and its reservation is released', async (t) => {
+  const { m } = await merchant('v2')
+  await agent('nosign', { dailyBudget: { usdc: 1 } })
+  const signer = await gw.gw.wallets.wallets.signer('nosign')
+  const sign = signer.signDigest65
+  signer.signDigest65 = () => {
+    throw new Error('no key today')
+  }
+  t.teardown(() => {
+    signer.signDigest65 = sign
+  })
+  const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'nosign', endpoint: `${m.url}/paid` } })
+  t.equal(r.status, 500, r.text)
+  t.equal(m.stats.paidAttempts, 0, 'no payment reached the merchant')
+  const txs = (await gw.api('GET', '/v1/transactions?agentId=nosign')).body.transactions
+  t.equal(txs.length, 1)
+  t.match(txs[0], { status: 'failed', error: 'signing failed: no key today', amountPaid: { usdc: 0 } })
+  t.same((await gw.gw.policies.usageOf('nosign')).holds, [], 'the reservation was released')
+  signer.signDigest65 = sign
+  const again = await gw.api('POST', '/v1/pay', { body: { agentId: 'nosign', endpoint: `${m.url}/paid` } })
+  t.equal(again.status, 200, again.text)
+  t.same((await gw.api('GET', '/v1/policies/nosign')).body.dailyBudget, { usdc: 1, usedToday: 0.01 }, 'only the paid call counts')
+})
+
 t.test('pay request validation and access', async (t) => {
   const key = (await gw.api('POST', '/v1/agents/payer/keys')).body.apiKey
   const other = await agent('other-agent')

@@ -27,7 +27,7 @@ await gw.gw.chain.publicClient.request({ method: 'anvil_setBalance' as never, pa
 const relayerClient = createWalletClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl), account: relayer })
 
 /** Store a transaction left in flight, with its reservation, as a crash would leave it. */
-async function leftInFlight(amount: bigint, opts: { signed: boolean; validBefore: bigint; status: 'pending' | 'unknown' }) {
+async function leftInFlight(amount: bigint, opts: { signed: boolean; validBefore: bigint; status: 'pending' | 'unknown'; signatureOnDisk?: boolean }) {
   const now = Date.now()
   const auth = { from: wallet, to: payTo, value: amount, validAfter: 0n, validBefore: opts.validBefore, nonce: `0x${randomBytes(32).toString('hex')}` as Hex }
   const offer = { asset: info.token, extra: { name: 'USD Coin', version: '2' } }
@@ -46,7 +46,7 @@ async function leftInFlight(amount: bigint, opts: { signed: boolean; validBefore
     parentTxHash: null,
     depth: 0,
     ...(opts.signed
-      ? { authorization: { from: auth.from, to: auth.to, value: String(amount), validAfter: '0', validBefore: String(opts.validBefore), nonce: auth.nonce, signature } }
+      ? { authorization: { from: auth.from, to: auth.to, value: String(amount), validAfter: '0', validBefore: String(opts.validBefore), nonce: auth.nonce, signature: opts.signatureOnDisk === false ? '' : signature } }
       : {}),
   }
   const usage = hold(await gw.gw.policies.usageOf('r'), { id: rec.id, amount: rec.amount, at: now })
@@ -108,4 +108,26 @@ t.test('an off-chain proof (MPP intent or card token) with its outcome unknown: 
   const holds = (await gw.gw.policies.usageOf('r')).holds?.map((h) => h.id) ?? []
   t.ok(holds.includes(live.id))
   t.notOk(holds.includes(gone.id))
+})
+
+t.test('a reservation written before its signature (the engine signs while it is written): settled from its fields', async (t) => {
+  const nowS = BigInt(Math.floor(Date.now() / 1000))
+  // Crashed after the signed authorization left: the merchant settled it; the disk has the unsigned fields.
+  const used = await leftInFlight(300_000n, { signed: true, signatureOnDisk: false, validBefore: nowS + 300n, status: 'pending' })
+  const { auth, signature } = used
+  const hash = await relayerClient.writeContract({
+    address: info.token,
+    abi: paygateUsdcAbi,
+    functionName: 'transferWithAuthorization',
+    args: [auth.from, auth.to, auth.value, auth.validAfter, auth.validBefore, auth.nonce, signature],
+  })
+  await gw.gw.chain.publicClient.waitForTransactionReceipt({ hash })
+  // Crashed before anything left, and it has expired since.
+  const unsent = await leftInFlight(200_000n, { signed: true, signatureOnDisk: false, validBefore: nowS - 1n, status: 'pending' })
+  await gw.gw.reconciler.runOnce()
+  t.equal((await gw.api('GET', `/v1/transactions/${used.rec.id}`)).body.status, 'paid')
+  t.equal((await gw.api('GET', `/v1/transactions/${unsent.rec.id}`)).body.status, 'failed')
+  const holds = (await gw.gw.policies.usageOf('r')).holds ?? []
+  t.notOk(holds.some((h) => h.id === used.rec.id || h.id === unsent.rec.id), 'both reservations settled')
+  t.ok(await gw.gw.outbox.drain(10_000))
 })

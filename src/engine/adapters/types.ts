@@ -58,11 +58,18 @@ export interface Plan {
   offer: NonNullable<TxRecord['offer']>
   /** Paid from the agent's wallet, so the on-chain balance check applies. */
   fromWallet: boolean
-  /** Signs locally and fast (under the agent's lock, stored with the reservation); else a remote rail is asked after reserving. */
+  /** Signs locally and fast (under the agent's lock and stored with the reservation, or with `prepare`); else a remote rail is asked after reserving. */
   signsLocally: boolean
   /** MPP: the service sells a session for later calls (one negotiation per agent and service). */
   sellsSession?: boolean
   authorize(input: AuthorizeInput): Promise<StoredAuthorization>
+  /**
+   * EIP-3009 plans: the authorization's fields before its signature. The reservation needs
+   * only `from`, `nonce` and `validBefore` to be settled after a crash (the chain says whether
+   * the nonce was used), so the engine writes it with the unsigned fields (`signature: ''`)
+   * and signs while that write is in flight; the signature is stored with the outcome.
+   */
+  prepare?(input: AuthorizeInput): { unsigned: StoredAuthorization; sign(): StoredAuthorization }
   deliver(req: PayRequest, auth: StoredAuthorization, txId: string): Promise<Delivery>
   settlement(headers: UpstreamResponse['headers']): Settlement | null
 }

@@ -56,6 +56,13 @@ export class X402Adapter implements ProtocolAdapter {
 
   private plan(offer: Offer, chain: PayableChain): Plan {
     const upstream = this.upstream
+    const prepare = ({ wallet, nowMs }: AuthorizeInput): ReturnType<NonNullable<Plan['prepare']>> => {
+      const auth = authorizationFor(offer, { from: wallet.address, nonce: newNonce(), nowSeconds: nowMs / 1000 })
+      return {
+        unsigned: storedEip3009(auth, '' as `0x${string}`),
+        sign: () => storedEip3009(auth, wallet.signDigest(typedDataDigest(typedData(offer, auth, chain.chainId, TOKEN_DOMAIN)))),
+      }
+    }
     return {
       protocol: 'x402',
       rail: 'stablecoin',
@@ -63,10 +70,9 @@ export class X402Adapter implements ProtocolAdapter {
       offer: { shape: offer.shape, scheme: offer.scheme, network: offer.network, asset: offer.asset, payTo: offer.payTo, resource: offer.resource },
       fromWallet: true,
       signsLocally: true,
-      async authorize({ wallet, nowMs }: AuthorizeInput): Promise<StoredAuthorization> {
-        const auth = authorizationFor(offer, { from: wallet.address, nonce: newNonce(), nowSeconds: nowMs / 1000 })
-        const signature = wallet.signDigest(typedDataDigest(typedData(offer, auth, chain.chainId, TOKEN_DOMAIN)))
-        return storedEip3009(auth, signature)
+      prepare,
+      async authorize(input: AuthorizeInput): Promise<StoredAuthorization> {
+        return prepare(input).sign()
       },
       async deliver(req: PayRequest, stored: StoredAuthorization): Promise<Delivery> {
         if (!isEip3009(stored)) throw new Error('x402 pays with EIP-3009 only')
