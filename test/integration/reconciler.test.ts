@@ -54,10 +54,8 @@ async function leftInFlight(amount: bigint, opts: { signed: boolean; validBefore
   return { rec, auth, signature }
 }
 
-t.test('used on chain: recorded as paid, reservation committed, ledger record written', async (t) => {
-  const nowS = BigInt(Math.floor(Date.now() / 1000))
-  const { rec, auth, signature } = await leftInFlight(1_000_000n, { signed: true, validBefore: nowS + 300n, status: 'unknown' })
-  // The merchant settled it before the answer was lost.
+/** What a merchant's facilitator does with a signed authorization: transferWithAuthorization, mined. */
+async function settleOnChain(auth: Awaited<ReturnType<typeof leftInFlight>>['auth'], signature: Hex): Promise<void> {
   const hash = await relayerClient.writeContract({
     address: info.token,
     abi: paygateUsdcAbi,
@@ -65,6 +63,13 @@ t.test('used on chain: recorded as paid, reservation committed, ledger record wr
     args: [auth.from, auth.to, auth.value, auth.validAfter, auth.validBefore, auth.nonce, signature],
   })
   await gw.gw.chain.publicClient.waitForTransactionReceipt({ hash })
+}
+
+t.test('used on chain: recorded as paid, reservation committed, ledger record written', async (t) => {
+  const nowS = BigInt(Math.floor(Date.now() / 1000))
+  const { rec, auth, signature } = await leftInFlight(1_000_000n, { signed: true, validBefore: nowS + 300n, status: 'unknown' })
+  // The merchant settled it before the answer was lost.
+  await settleOnChain(auth, signature)
   await gw.gw.reconciler.runOnce()
   const after = (await gw.api('GET', `/v1/transactions/${rec.id}`)).body
   t.equal(after.status, 'paid')
@@ -115,13 +120,7 @@ t.test('a reservation written before its signature (the engine signs while it is
   // Crashed after the signed authorization left: the merchant settled it; the disk has the unsigned fields.
   const used = await leftInFlight(300_000n, { signed: true, signatureOnDisk: false, validBefore: nowS + 300n, status: 'pending' })
   const { auth, signature } = used
-  const hash = await relayerClient.writeContract({
-    address: info.token,
-    abi: paygateUsdcAbi,
-    functionName: 'transferWithAuthorization',
-    args: [auth.from, auth.to, auth.value, auth.validAfter, auth.validBefore, auth.nonce, signature],
-  })
-  await gw.gw.chain.publicClient.waitForTransactionReceipt({ hash })
+  await settleOnChain(auth, signature)
   // Crashed before anything left, and it has expired since.
   const unsent = await leftInFlight(200_000n, { signed: true, signatureOnDisk: false, validBefore: nowS - 1n, status: 'pending' })
   await gw.gw.reconciler.runOnce()
