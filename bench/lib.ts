@@ -16,17 +16,24 @@ export interface Latencies {
   p99: number
 }
 
+/** One call of `fn`, timed in ms, added to `into`. */
+async function timed(fn: () => Promise<void>, into: number[]): Promise<void> {
+  const t0 = process.hrtime.bigint()
+  await fn()
+  into.push(Number(process.hrtime.bigint() - t0) / 1e6)
+}
+
+function latencies(ms: number[]): Latencies {
+  ms.sort((a, b) => a - b)
+  return { n: ms.length, p50: percentile(ms, 50), p99: percentile(ms, 99) }
+}
+
 /** Run `fn` sequentially `count` times (or until `maxMs`), timing each call in ms. */
 export async function timeSequential(count: number, maxMs: number, fn: () => Promise<void>): Promise<Latencies> {
   const out: number[] = []
   const end = Date.now() + maxMs
-  for (let i = 0; i < count && Date.now() < end; i++) {
-    const t0 = process.hrtime.bigint()
-    await fn()
-    out.push(Number(process.hrtime.bigint() - t0) / 1e6)
-  }
-  out.sort((a, b) => a - b)
-  return { n: out.length, p50: percentile(out, 50), p99: percentile(out, 99) }
+  for (let i = 0; i < count && Date.now() < end; i++) await timed(fn, out)
+  return latencies(out)
 }
 
 /**
@@ -34,20 +41,14 @@ export async function timeSequential(count: number, maxMs: number, fn: () => Pro
  * ms: a slow moment of the machine then touches both series alike.
  */
 export async function timeAlternating(count: number, maxMs: number, a: () => Promise<void>, b: () => Promise<void>): Promise<[Latencies, Latencies]> {
-  const out: [number[], number[]] = [[], []]
+  const as: number[] = []
+  const bs: number[] = []
   const end = Date.now() + maxMs
-  const fns = [a, b] as const
   for (let i = 0; i < count && Date.now() < end; i++) {
-    for (const k of [0, 1] as const) {
-      const t0 = process.hrtime.bigint()
-      await fns[k]()
-      out[k].push(Number(process.hrtime.bigint() - t0) / 1e6)
-    }
+    await timed(a, as)
+    await timed(b, bs)
   }
-  return out.map((xs) => {
-    xs.sort((x, y) => x - y)
-    return { n: xs.length, p50: percentile(xs, 50), p99: percentile(xs, 99) }
-  }) as [Latencies, Latencies]
+  return [latencies(as), latencies(bs)]
 }
 
 /** `workers` concurrent loops calling `fn` until `count` calls or `maxMs`; returns calls per second. */
