@@ -116,7 +116,10 @@ function mppSettings(config: Config): MppSettings {
 export async function startGateway(config: Config, opts: GatewayOptions): Promise<Gateway> {
   const clock = opts.clock ?? systemClock
   const log = opts.log
-  const store = await Store.open(config.dataDir)
+  const store = await Store.open(config.dataDir, {
+    onApplyError: (e) => (e === undefined ? log.info('LevelDB writes work again') : log.error({ err: e }, 'writing into LevelDB failed; retrying (changes are kept in the write-ahead log)')),
+  })
+  if (store.recovered.batches) log.info({ ...store.recovered }, 'replayed the write-ahead log of the last run into LevelDB')
   let chain: Chain | undefined
   let upstream: Upstream | undefined
   let outbox: Outbox | undefined
@@ -160,7 +163,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
 
     const router = new Router().add(
       ...healthRoutes([
-        { name: 'store', check: async () => store.status === 'open' },
+        { name: 'store', check: async () => store.status === 'open' && store.applyError === undefined },
         { name: 'chain', check: async () => (await chain!.blockNumber()) >= 0n },
       ]),
       ...agentRoutes(registry),

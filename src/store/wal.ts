@@ -1,0 +1,124 @@
+import * as fs from 'node:fs'
+import { join } from 'node:path'
+import { crc32 } from 'node:zlib'
+
+/**
+ * The store's write-ahead log: a batch is durable once its record is appended here with one
+ * `writeSync` (~4 us for 1 KB), the same guarantee LevelDB gives by default (the OS has the
+ * bytes; a process crash loses nothing, a power cut may). LevelDB is written behind it.
+ *
+ * Files `<dir>/<n>.log`, each a sequence of records: u32 LE payload length, u32 LE crc32 of
+ * the payload, then the payload (JSON: `[[key, value]...]`, `[key]` for a delete; keys are
+ * full LevelDB keys, values their encoded JSON). A file past `maxBytes` is closed and a new
+ * one started; the store removes a closed file once everything in it is in LevelDB.
+ */
+export type WalOp = [key: string, value?: string]
+
+const HEADER = 8
+
+export class Wal {
+  private fd: number
+  private size = 0
+  /** closed files, oldest first, with the last sequence number each holds */
+  private readonly closed: { path: string; lastSeq: number }[] = []
+
+  private constructor(
+    private readonly dir: string,
+    private readonly maxBytes: number,
+    private n: number,
+  ) {
+    this.fd = fs.openSync(this.path(n), 'a', 0o600)
+  }
+
+  private path(n: number): string {
+    return join(this.dir, `${String(n).padStart(12, '0')}.log`)
+  }
+
+  /**
+   * Read every record left by the last run (oldest first), for replay into LevelDB; then
+   * `start()` removes those files and opens a fresh one. A record cut short or failing its
+   * checksum ends its file: only the tail of the file being written when the process died can
+   * be incomplete, and that record was never acknowledged.
+   */
+  static recover(dir: string): { files: string[]; batches: WalOp[][]; torn: number } {
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 })
+    const files = fs.readdirSync(dir).filter((f) => /^\d{12}\.log$/.test(f)).sort().map((f) => join(dir, f))
+    const batches: WalOp[][] = []
+    let torn = 0
+    for (const file of files) {
+      const buf = fs.readFileSync(file)
+      let at = 0
+      while (at < buf.length) {
+        if (at + HEADER > buf.length) break
+        const len = buf.readUInt32LE(at)
+        const end = at + HEADER + len
+        if (end > buf.length) break
+        const payload = buf.subarray(at + HEADER, end)
+        if (crc32(payload) !== buf.readUInt32LE(at + 4)) break
+        batches.push(JSON.parse(payload.toString('utf8')) as WalOp[])
+        at = end
+      }
+      if (at < buf.length) torn++
+    }
+    return { files, batches, torn }
+  }
+
+  /** Remove the replayed files (their contents are now in LevelDB) and open a new log after them. */
+  static start(dir: string, replayed: string[], maxBytes: number): Wal {
+    const last = replayed.length ? Number(replayed[replayed.length - 1]!.slice(-16, -4)) : 0
+    for (const f of replayed) fs.rmSync(f, { force: true })
+    return new Wal(dir, maxBytes, last + 1)
+  }
+
+  /**
+   * Append one record per payload, in one write. Throws if the write fails; the file is then
+   * cut back to where it was, so no partial record sits before the next one.
+   */
+  append(payloads: string[], lastSeq: number): void {
+    const bufs: Buffer[] = []
+    let total = 0
+    for (const p of payloads) {
+      const body = Buffer.from(p, 'utf8')
+      const head = Buffer.allocUnsafe(HEADER)
+      head.writeUInt32LE(body.length, 0)
+      head.writeUInt32LE(crc32(body), 4)
+      bufs.push(head, body)
+      total += HEADER + body.length
+    }
+    const out = Buffer.concat(bufs, total)
+    let written = 0
+    try {
+      while (written < out.length) written += fs.writeSync(this.fd, out, written)
+    } catch (e) {
+      try {
+        fs.ftruncateSync(this.fd, this.size)
+      } catch {
+        /* the write error is the one to report */
+      }
+      throw e
+    }
+    this.size += out.length
+    if (this.size >= this.maxBytes) this.rotate(lastSeq)
+  }
+
+  private rotate(lastSeq: number): void {
+    fs.closeSync(this.fd)
+    this.closed.push({ path: this.path(this.n), lastSeq })
+    this.n++
+    this.fd = fs.openSync(this.path(this.n), 'a', 0o600)
+    this.size = 0
+  }
+
+  /** Remove the closed files whose records are all in LevelDB (sequence numbers up to `appliedSeq`). */
+  retire(appliedSeq: number): void {
+    while (this.closed.length && this.closed[0]!.lastSeq <= appliedSeq) fs.rmSync(this.closed.shift()!.path, { force: true })
+  }
+
+  /** Close the log; with `applied`, everything in it is in LevelDB and the files are removed. */
+  close(applied: boolean): void {
+    fs.closeSync(this.fd)
+    if (!applied) return
+    for (const c of this.closed.splice(0)) fs.rmSync(c.path, { force: true })
+    fs.rmSync(this.path(this.n), { force: true })
+  }
+}

@@ -1,0 +1,145 @@
+import t from 'tap'
+import { spawnSync } from 'node:child_process'
+import { appendFileSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { Store } from '../../src/store/index.js'
+import { tempDir } from '../helpers/gateway.js'
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url))
+
+/**
+ * A process that opens the store in `dir`, puts `gone`, waits until LevelDB holds it, then logs
+ * `n` batches (each puts `k<i>` and deletes `gone`) and SIGKILLs itself as soon as they are
+ * acknowledged: LevelDB is written after the current tick, so only the log holds them.
+ */
+function crashAfterWrites(dir: string, n: number): { signal: string | null; stdout: string } {
+  const script = `
+    import { Store } from './src/store/index.ts'
+    const store = await Store.open(process.argv[1])
+    const c = store.collection('things')
+    await store.batch([{ type: 'put', coll: c, key: 'gone', value: 'here' }])
+    await store.settled()
+    const writes = []
+    for (let i = 0; i < ${n}; i++) writes.push(store.batch([{ type: 'put', coll: c, key: 'k' + i, value: { i } }, { type: 'del', coll: c, key: 'gone' }]))
+    await Promise.all(writes)
+    process.stdout.write('logged\\n')
+    process.kill(process.pid, 'SIGKILL')`
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script, dir], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 })
+  return { signal: r.signal, stdout: r.stdout }
+}
+
+const walFiles = (dir: string): string[] => readdirSync(join(dir, 'wal')).sort()
+
+t.test('batches acknowledged before a SIGKILL are replayed from the log at the next open', async (t) => {
+  const dir = tempDir('paygate-wal-')
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const crash = crashAfterWrites(dir, 300)
+  t.equal(crash.signal, 'SIGKILL')
+  t.equal(crash.stdout, 'logged\n')
+  t.equal(walFiles(dir).length, 1, 'the log was left behind')
+
+  const store = await Store.open(dir)
+  t.teardown(() => store.close())
+  t.ok(store.recovered.batches >= 300, `replayed ${store.recovered.batches} batches`)
+  t.equal(store.recovered.torn, 0)
+  const c = store.collection<{ i: number }>('things')
+  const got = await c.getMany(Array.from({ length: 300 }, (_, i) => `k${i}`))
+  t.same(got, Array.from({ length: 300 }, (_, i) => ({ i })))
+  t.equal(await c.get('gone'), undefined, 'a delete is replayed too')
+  const listed: string[] = []
+  for await (const k of c.keys()) listed.push(k)
+  t.equal(listed.length, 300)
+  t.same(walFiles(dir), ['000000000002.log'], 'the replayed file is removed and the next one started after it')
+})
+
+t.test('a record cut short or failing its checksum ends the replay of its file', async (t) => {
+  const dir = tempDir('paygate-wal-')
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  crashAfterWrites(dir, 20)
+  const file = join(dir, 'wal', walFiles(dir)[0]!)
+  const intact = readFileSync(file)
+
+  // a header announcing more bytes than were written: the tail of a write the process died in
+  appendFileSync(file, Buffer.from([200, 0, 0, 0, 1, 2, 3, 4, 5]))
+  let store = await Store.open(dir)
+  t.same(store.recovered, { batches: 21, torn: 1 })
+  t.same(await store.collection('things').get('k19'), { i: 19 })
+  await store.close()
+
+  // the last record's payload altered: its checksum fails and it is not applied
+  rmSync(join(dir, 'state'), { recursive: true, force: true })
+  rmSync(join(dir, 'wal'), { recursive: true, force: true })
+  crashAfterWrites(dir, 20)
+  const f2 = join(dir, 'wal', walFiles(dir)[0]!)
+  const bytes = readFileSync(f2)
+  t.equal(bytes.length, intact.length)
+  const i = bytes.lastIndexOf('!k19"')
+  t.ok(i > 0)
+  bytes[i + 2] = '8'.charCodeAt(0) // k19 -> k89: the record still parses, only its checksum catches it
+  writeFileSync(f2, bytes)
+  store = await Store.open(dir)
+  t.teardown(() => store.close())
+  t.same(store.recovered, { batches: 20, torn: 1 })
+  t.equal(await store.collection('things').get('k19'), undefined, 'the altered record is not applied')
+  t.same(await store.collection('things').get('k18'), { i: 18 })
+})
+
+t.test('point reads see a logged batch before LevelDB holds it; values are copies', async (t) => {
+  const dir = tempDir('paygate-wal-')
+  const store = await Store.open(dir)
+  t.teardown(async () => {
+    await store.close()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  const c = store.collection<{ n: number }>('things')
+  const value = { n: 1 }
+  await store.batch([{ type: 'put', coll: c, key: 'a', value }])
+  value.n = 2
+  t.ok(store.logged(`!things!a`), 'still only in the log')
+  t.same(await c.get('a'), { n: 1 }, 'read from the log, as it was when logged')
+  t.same(await c.getMany(['missing', 'a']), [undefined, { n: 1 }])
+  await store.batch([{ type: 'del', coll: c, key: 'a' }])
+  t.equal(await c.get('a'), undefined, 'a logged delete hides the value')
+  await store.settled()
+  t.equal(store.logged(`!things!a`), undefined, 'applied to LevelDB')
+  await c.put('b', { n: 3 })
+  await store.settled()
+  t.same(await c.get('b'), { n: 3 }, 'read from LevelDB')
+})
+
+t.test('range reads wait for LevelDB to hold every acknowledged batch', async (t) => {
+  const dir = tempDir('paygate-wal-')
+  const store = await Store.open(dir)
+  t.teardown(async () => {
+    await store.close()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  const c = store.collection<number>('things')
+  await Promise.all(Array.from({ length: 100 }, (_, i) => store.batch([{ type: 'put', coll: c, key: `k${String(i).padStart(3, '0')}`, value: i }])))
+  t.ok(store.logged('!things!k099'), 'not yet in LevelDB when the range read starts')
+  const seen: number[] = []
+  for await (const [, v] of c.entries()) seen.push(v)
+  t.same(seen, Array.from({ length: 100 }, (_, i) => i))
+})
+
+t.test('full log files are removed once LevelDB holds them; close removes the rest', async (t) => {
+  const dir = tempDir('paygate-wal-')
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const store = await Store.open(dir, { walMaxBytes: 1024 })
+  const c = store.collection<string>('things')
+  for (let i = 0; i < 200; i++) await c.put(`k${i}`, 'x'.repeat(100))
+  await store.settled()
+  const files = walFiles(dir)
+  t.ok(Number(files[files.length - 1]!.slice(0, 12)) > 10, `rotated to ${files[files.length - 1]}`)
+  t.ok(files.length <= 2, `only the open file (and one awaiting LevelDB) remain: ${files.join(', ')}`)
+  t.equal((await c.getMany(Array.from({ length: 200 }, (_, i) => `k${i}`))).filter((v) => v === 'x'.repeat(100)).length, 200)
+  await store.close()
+  t.same(walFiles(dir), [])
+  await t.rejects(c.put('late', 'x'), /closed/)
+
+  const again = await Store.open(dir)
+  t.same(again.recovered, { batches: 0, torn: 0 })
+  t.equal(await again.collection('things').get('k199'), 'x'.repeat(100))
+  await again.close()
+})
