@@ -1,25 +1,20 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { PaygateError, invalid } from '../errors/index.js'
+import { collect } from '../util/collect.js'
 import type { Reply } from './router.js'
 
 /** Read and parse a JSON body; empty means `{}`. Enforces the size limit and content type. */
 export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
   const declared = Number(req.headers['content-length'] ?? 0)
   if (declared > maxBytes) throw new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
-  const chunks: Buffer[] = []
-  let size = 0
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length
-    if (size > maxBytes) throw new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
-    chunks.push(chunk)
-  }
-  if (size === 0) return {}
+  const body = await collect(req, maxBytes, () => new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`))
+  if (body.length === 0) return {}
   const type = String(req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
   if (type !== 'application/json' && !type.endsWith('+json')) {
     throw invalid('content-type', 'the body must be JSON sent with Content-Type: application/json')
   }
   try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8'))
+    return JSON.parse(body.toString('utf8'))
   } catch {
     throw invalid('body', 'the body is not valid JSON')
   }

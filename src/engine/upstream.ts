@@ -3,6 +3,7 @@ import { createSecureContext, rootCertificates, type SecureContext } from 'node:
 import { Readable } from 'node:stream'
 import { Agent, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
+import { collect } from '../util/collect.js'
 
 /** undici lives here: pooled keep-alive upstream connections, no redirect following. */
 export interface UpstreamRequest {
@@ -148,16 +149,6 @@ export class Upstream {
 }
 
 /** Read a body into memory up to `max` bytes; more is an error (402 bodies are small). */
-export async function readBody(body: Readable, max: number): Promise<Buffer> {
-  const chunks: Buffer[] = []
-  let size = 0
-  for await (const c of body as AsyncIterable<Buffer>) {
-    size += c.length
-    if (size > max) {
-      body.destroy()
-      throw new PaygateError('payment_protocol_error', `the 402 answer body exceeds ${max} bytes`)
-    }
-    chunks.push(c)
-  }
-  return Buffer.concat(chunks)
+export function readBody(body: Readable, max: number): Promise<Buffer> {
+  return collect(body, max, () => new PaygateError('payment_protocol_error', `the 402 answer body exceeds ${max} bytes`))
 }

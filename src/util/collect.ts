@@ -1,0 +1,50 @@
+import type { Readable } from 'node:stream'
+
+/**
+ * Read a stream into one buffer, failing with `tooLarge()` (and destroying the stream) past
+ * `max` bytes. Listens for data and end directly: an async iterator costs several promise
+ * hops per body, and every paid call reads three small bodies on its critical path.
+ */
+export function collect(stream: Readable, max: number, tooLarge: () => Error): Promise<Buffer> {
+  if (stream.readableEnded) return Promise.resolve(Buffer.alloc(0))
+  if (stream.destroyed) {
+    stream.once('error', () => {}) // its error may still be on its way: it is reported here
+    return Promise.reject(stream.errored ?? new Error('the stream was closed before it ended'))
+  }
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = []
+    let size = 0
+    const stop = (): void => {
+      stream.off('data', onData)
+      stream.off('end', onEnd)
+      stream.off('error', onError)
+      stream.off('close', onClose)
+    }
+    const onData = (c: Buffer): void => {
+      size += c.length
+      if (size <= max) {
+        chunks.push(c)
+        return
+      }
+      stop()
+      stream.destroy()
+      reject(tooLarge())
+    }
+    const onEnd = (): void => {
+      stop()
+      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
+    }
+    const onError = (e: Error): void => {
+      stop()
+      reject(e)
+    }
+    const onClose = (): void => {
+      stop()
+      reject(stream.errored ?? new Error('the stream was closed before it ended'))
+    }
+    stream.on('data', onData)
+    stream.on('end', onEnd)
+    stream.on('error', onError)
+    stream.on('close', onClose)
+  })
+}
