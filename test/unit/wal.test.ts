@@ -1,4 +1,4 @@
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { spawnSync } from 'node:child_process'
 import { appendFileSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -30,6 +30,17 @@ function crashAfterWrites(dir: string, n: number): { signal: string | null; stdo
 }
 
 const walFiles = (dir: string): string[] => readdirSync(join(dir, 'wal')).sort()
+
+/** A store in a fresh directory, closed and removed when the test ends. */
+async function openTemp(t: Test): Promise<Store> {
+  const dir = tempDir('paygate-wal-')
+  const store = await Store.open(dir)
+  t.teardown(async () => {
+    await store.close()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  return store
+}
 
 t.test('batches acknowledged before a SIGKILL are replayed from the log at the next open', async (t) => {
   const dir = tempDir('paygate-wal-')
@@ -86,12 +97,7 @@ t.test('a record cut short or failing its checksum ends the replay of its file',
 })
 
 t.test('point reads see a logged batch before LevelDB holds it; values are copies', async (t) => {
-  const dir = tempDir('paygate-wal-')
-  const store = await Store.open(dir)
-  t.teardown(async () => {
-    await store.close()
-    rmSync(dir, { recursive: true, force: true })
-  })
+  const store = await openTemp(t)
   const c = store.collection<{ n: number }>('things')
   const value = { n: 1 }
   await store.batch([{ type: 'put', coll: c, key: 'a', value }])
@@ -109,12 +115,7 @@ t.test('point reads see a logged batch before LevelDB holds it; values are copie
 })
 
 t.test('range reads wait for LevelDB to hold every acknowledged batch', async (t) => {
-  const dir = tempDir('paygate-wal-')
-  const store = await Store.open(dir)
-  t.teardown(async () => {
-    await store.close()
-    rmSync(dir, { recursive: true, force: true })
-  })
+  const store = await openTemp(t)
   const c = store.collection<number>('things')
   await Promise.all(Array.from({ length: 100 }, (_, i) => store.batch([{ type: 'put', coll: c, key: `k${String(i).padStart(3, '0')}`, value: i }])))
   t.ok(store.logged('!things!k099'), 'not yet in LevelDB when the range read starts')
