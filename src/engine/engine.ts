@@ -93,12 +93,21 @@ const answerStream = (a: HttpAnswer): UpstreamResponse => ({ status: a.status, h
 const lostAnswer = (): UpstreamResponse => ({ status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) })
 /** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
 const sessionRefused = (status: number): boolean => status === 401 || status === 402
+type Result<T> = { ok: true; value: T } | { ok: false; error: unknown }
 /** A promise's result as a value, so it can be awaited later (outside a lock) without an unhandled rejection. */
-const outcome = <T>(p: Promise<T>): Promise<{ ok: true; value: T } | { ok: false; error: unknown }> =>
+const outcome = <T>(p: Promise<T>): Promise<Result<T>> =>
   p.then(
     (value) => ({ ok: true as const, value }),
     (error: unknown) => ({ ok: false as const, error }),
   )
+/** The same for a synchronous call, so its failure can be handled after an await. */
+function attempt<T>(fn: () => T): Result<T> {
+  try {
+    return { ok: true, value: fn() }
+  } catch (error) {
+    return { ok: false, error }
+  }
+}
 const expiryMs = (a: StoredAuthorization): number => (isEip3009(a) ? Number(a.validBefore) * 1000 : a.expiresAt)
 
 /**
@@ -347,12 +356,8 @@ export class PaymentEngine {
       })
     }
     // An EIP-3009 authorization is signed while its reservation is being written (see Plan.prepare).
-    let signed: { ok: true; value: StoredAuthorization } | { ok: false; error: unknown } | null = null
-    try {
-      if (reserved.prepared) signed = { ok: true, value: reserved.prepared.sign() }
-    } catch (e) {
-      signed = { ok: false, error: e }
-    }
+    const { prepared } = reserved
+    const signed = prepared ? attempt(() => prepared.sign()) : null
     const written = await reserved.written
     if (!written.ok) {
       this.inFlight.delete(base.id)
