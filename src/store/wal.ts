@@ -1,5 +1,5 @@
 import * as fs from 'node:fs'
-import { join } from 'node:path'
+import { basename, join } from 'node:path'
 import { crc32 } from 'node:zlib'
 
 /**
@@ -15,6 +15,8 @@ import { crc32 } from 'node:zlib'
 export type WalOp = [key: string, value?: string]
 
 const HEADER = 8
+/** Log files are numbered in the order they were started: `000000000001.log`, ... */
+const FILE_RE = /^(\d{12})\.log$/
 
 export class Wal {
   private fd: number
@@ -42,7 +44,7 @@ export class Wal {
    */
   static recover(dir: string): { files: string[]; batches: WalOp[][]; torn: number } {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 })
-    const files = fs.readdirSync(dir).filter((f) => /^\d{12}\.log$/.test(f)).sort().map((f) => join(dir, f))
+    const files = fs.readdirSync(dir).filter((f) => FILE_RE.test(f)).sort().map((f) => join(dir, f))
     const batches: WalOp[][] = []
     let torn = 0
     for (const file of files) {
@@ -65,7 +67,7 @@ export class Wal {
 
   /** Remove the replayed files (their contents are now in LevelDB) and open a new log after them. */
   static start(dir: string, replayed: string[], maxBytes: number): Wal {
-    const last = replayed.length ? Number(replayed[replayed.length - 1]!.slice(-16, -4)) : 0
+    const last = replayed.length ? Number(FILE_RE.exec(basename(replayed[replayed.length - 1]!))![1]) : 0
     for (const f of replayed) fs.rmSync(f, { force: true })
     return new Wal(dir, maxBytes, last + 1)
   }
