@@ -22,7 +22,7 @@ import { KeyedMutex } from '../util/mutex.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
-import { startDevnet, type Devnet } from './devnet.js'
+import { startDevnet, type Devnet, type SendResult } from './devnet.js'
 
 export type Address = `0x${string}`
 
@@ -192,6 +192,24 @@ export class Chain {
       if (receipt.status !== 'success') throw new PaygateError('internal_error', `transaction ${hash} reverted`)
       return hash
     })
+  }
+
+  /**
+   * Broadcast raw transactions of one sender, in nonce order; per transaction its hash or the
+   * node's error. The embedded chain takes them in one round trip; an external node gets them
+   * one by one.
+   */
+  async sendRawTransactions(raws: Hex[]): Promise<SendResult[]> {
+    if (this.devnet) return this.devnet.sendRawTransactions(raws)
+    const out: SendResult[] = []
+    for (const raw of raws) {
+      try {
+        out.push({ hash: (await this.publicClient.request({ method: 'eth_sendRawTransaction', params: [raw] })) as string })
+      } catch (e) {
+        out.push({ error: { code: (e as { code?: number }).code ?? -32603, message: String((e as Error).message ?? e) } })
+      }
+    }
+    return out
   }
 
   async close(): Promise<void> {

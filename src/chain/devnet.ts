@@ -121,6 +121,13 @@ export interface Devnet {
   /** PID of the anvil process (the watchdog shell is its parent). */
   childPid: number
   request(args: { method: string; params?: unknown[] | object }): Promise<unknown>
+  /**
+   * `eth_sendRawTransaction` for several raw transactions of ONE sender (consecutive nonces),
+   * in one round trip to anvil and one journal write. anvil may take them in any order: its pool
+   * orders one sender's transactions by nonce, so the mined blocks (and a journal replay, which
+   * sends them in the given order) come out the same. Per transaction: its hash or the error.
+   */
+  sendRawTransactions(raws: string[]): Promise<SendResult[]>
   stats(): DevnetStats
   close(): Promise<void>
 }
@@ -131,6 +138,7 @@ export const DEVNET_MNEMONIC = 'test test test test test test test test test tes
 type RpcRequest = { jsonrpc?: string; id?: unknown; method?: unknown; params?: unknown }
 type RpcError = { code: number; message: string; data?: unknown }
 type RpcResponse = { jsonrpc: '2.0'; id: unknown; result?: unknown; error?: RpcError }
+export type SendResult = { hash: string } | { error: RpcError }
 
 const READ_ONLY = new Set([
   'eth_chainId', 'eth_blockNumber', 'eth_call', 'eth_estimateGas', 'eth_gasPrice', 'eth_maxPriorityFeePerGas',
@@ -249,6 +257,20 @@ class IpcClient {
       this.waiting.set(id, { resolve, reject })
       this.sock.write(`{"jsonrpc":"2.0","id":${id},"method":${JSON.stringify(method)},"params":${paramsJson}}\n`)
     })
+  }
+
+  /** Several calls of one method in one socket write; answers in the order of `paramsJson`. */
+  callMany(method: string, paramsJson: string[]): Promise<RpcResponse[]> {
+    if (this.closed) return Promise.reject(this.closed)
+    const m = JSON.stringify(method)
+    let out = ''
+    const answers = paramsJson.map((p) => {
+      const id = this.nextId++
+      out += `{"jsonrpc":"2.0","id":${id},"method":${m},"params":${p}}\n`
+      return new Promise<RpcResponse>((resolve, reject) => this.waiting.set(id, { resolve, reject }))
+    })
+    this.sock.write(out)
+    return Promise.all(answers)
   }
 
   close(): void {
@@ -741,6 +763,34 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       })
     }
 
+    const sendRawTransactions = (raws: string[]): Promise<SendResult[]> => {
+      if (!raws.length) return Promise.resolve([])
+      lastWriteAt = Date.now()
+      return serial(async () => {
+        if (closed) throw new Error('embedded chain is closed')
+        const t = performance.now()
+        const rs = await child.ipc.callMany('eth_sendRawTransaction', raws.map((r) => JSON.stringify([r])))
+        let lines = ''
+        let n = 0
+        const out = rs.map((r, i): SendResult => {
+          if (r.error || typeof r.result !== 'string') return { error: r.error ?? { code: -32603, message: 'no transaction hash' } }
+          const line = journalCall('eth_sendRawTransaction', [raws[i]])
+          lines += line + '\n'
+          n++
+          pending.set(r.result.toLowerCase(), line)
+          return { hash: r.result }
+        })
+        if (lines) {
+          fs.writeSync(fd, lines)
+          tailEntries += n
+          scheduleMine()
+        }
+        tailCostMs += performance.now() - t
+        if (tailCostMs > tailBudgetMs() * 1.5) await snapshot()
+        return out
+      })
+    }
+
     const request = async (a: { method: string; params?: unknown[] | object }): Promise<unknown> => {
       const r = await handle({ jsonrpc: '2.0', id: 1, method: a.method, params: a.params })
       if (r.error) throw Object.assign(new Error(r.error.message), { code: r.error.code, data: r.error.data })
@@ -803,6 +853,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       chainId: opts.chainId,
       childPid: child.anvilPid,
       request,
+      sendRawTransactions,
       stats: () => ({ blocks, generation: gen, tailEntries, replayed, replayMs, loadMs, mineMs: Math.round(mineMs * 10) / 10, snapshotMs: [...snapshotMs] }),
       close: () =>
         (closing ??= (async () => {

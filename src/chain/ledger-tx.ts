@@ -85,15 +85,21 @@ export class LedgerWriter {
     return { raw: `0x${raw.toString('hex')}`, hash: `0x${keccak256Bytes(raw).toString('hex')}` }
   }
 
-  /** Broadcast; a node that already has it (re-send after restart) is not an error. */
-  async broadcast(raw: Hex): Promise<void> {
-    try {
-      await this.chain.publicClient.request({ method: 'eth_sendRawTransaction', params: [raw] })
-    } catch (e) {
-      const msg = String((e as Error).message ?? e).toLowerCase()
-      if (msg.includes('already known') || msg.includes('nonce too low') || msg.includes('already imported')) return
-      throw e
+  /**
+   * Broadcast records in nonce order; a node that already has one (a re-send after a restart)
+   * is not an error. Resolves how many of `raws`, from the first, the node now holds; the
+   * error of the first one it refused, if any, comes with it.
+   */
+  async broadcast(raws: Hex[]): Promise<{ sent: number; error?: Error }> {
+    const rs = await this.chain.sendRawTransactions(raws)
+    for (let i = 0; i < rs.length; i++) {
+      const r = rs[i]!
+      if ('hash' in r) continue
+      const msg = r.error.message.toLowerCase()
+      if (msg.includes('already known') || msg.includes('nonce too low') || msg.includes('already imported')) continue
+      return { sent: i, error: Object.assign(new Error(`ledger record not accepted: ${r.error.message}`), { code: r.error.code }) }
     }
+    return { sent: raws.length }
   }
 
   async receipt(hash: Hex): Promise<LedgerReceipt | null> {

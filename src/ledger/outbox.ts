@@ -14,7 +14,13 @@ interface OutboxEntry {
 
 const NONCE_KEY = 'ledgerNextNonce'
 const nonceKey = (n: bigint): string => n.toString().padStart(20, '0')
-const SEND_DELAY_MS = 20
+/**
+ * How long records gather before a pass sends them (in one call): passes cost per call, not per
+ * record, on both sides. Nothing waits for it: the paid path has its txHash already.
+ */
+const SEND_DELAY_MS = 100
+/** At most this many records per send call (a backlog after a restart goes in slices). */
+const MAX_SEND = 1000
 
 /**
  * Durable outbox of ledger records. A record is signed with the next local nonce and
@@ -22,13 +28,19 @@ const SEND_DELAY_MS = 20
  * the ledger `txHash` is known at once and survives a crash; a background pump sends the
  * stored transactions in nonce order and marks them confirmed when their receipts arrive.
  * The paid path never waits for the chain.
+ *
+ * What is stored is also held in memory (read once at start), so a pump pass reads nothing
+ * back: a range read would make the store write everything logged into LevelDB first, many
+ * times a second under load.
  */
 export class Outbox {
   private readonly entries: Collection<OutboxEntry>
   private readonly meta: Collection<string>
   private readonly lock = new KeyedMutex()
   private nextNonce = 0n
-  private sentUpTo = -1n
+  /** Stored and not yet sent, then sent and not yet confirmed; both in nonce order. */
+  private unsent: OutboxEntry[] = []
+  private unconfirmed: OutboxEntry[] = []
   private rerun = false
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
@@ -50,14 +62,14 @@ export class Outbox {
     const chainNonce = await this.writer.init()
     const stored = await this.meta.get(NONCE_KEY)
     this.nextNonce = stored !== undefined && BigInt(stored) > chainNonce ? BigInt(stored) : chainNonce
+    // After a restart everything stored is sent again: the node may never have had it.
+    for await (const [, e] of this.entries.entries()) this.unsent.push(e)
     this.schedule(0)
   }
 
   /** How many records are waiting to be sent or confirmed. */
-  async pending(): Promise<number> {
-    let n = 0
-    for await (const _ of this.entries.keys()) n++
-    return n
+  pending(): number {
+    return this.unsent.length + this.unconfirmed.length
   }
 
   /**
@@ -77,11 +89,14 @@ export class Outbox {
       const group = this.queue.splice(0, this.queue.length)
       const batch: BatchOp[] = []
       const hashes: Hex[] = []
+      const stored: OutboxEntry[] = []
       let nonce = this.nextNonce
       try {
         for (const g of group) {
           const signed = this.writer.sign(g.entry, nonce)
-          batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash } })
+          const e: OutboxEntry = { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash }
+          stored.push(e)
+          batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e })
           batch.push(...g.ops(signed.hash))
           hashes.push(signed.hash)
           nonce++
@@ -93,10 +108,11 @@ export class Outbox {
         return
       }
       this.nextNonce = nonce
+      this.unsent.push(...stored)
       group.forEach((g, i) => g.resolve(hashes[i]!))
     })
-    // record() schedules a flush for whatever arrives meanwhile. A short delay lets a pass send a run of records and find the earlier ones mined,
-    // instead of one pass (and one receipt miss) per payment on the paid path's loop.
+    // record() schedules a flush for whatever arrives meanwhile; the pass waits to send a run
+    // of records and find the earlier ones mined, instead of one pass (and one receipt miss) per payment.
     this.schedule(SEND_DELAY_MS)
   }
 
@@ -125,21 +141,21 @@ export class Outbox {
     this.timer.unref()
   }
 
-  /** Send what is unsent (in nonce order), then confirm what has receipts. */
+  /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
-    // Only what is new is read for sending, and confirming stops at the first record
-    // without a receipt: a pass costs what changed, not the whole backlog.
-    const unsent = this.sentUpTo >= 0n ? { gt: nonceKey(this.sentUpTo) } : {}
-    for await (const [, e] of this.entries.entries(unsent)) {
-      await this.writer.broadcast(e.raw)
-      this.sentUpTo = BigInt(e.nonce)
+    while (this.unsent.length) {
+      const batch = this.unsent.slice(0, MAX_SEND)
+      const r = await this.writer.broadcast(batch.map((e) => e.raw)).catch((e: unknown) => ({ sent: 0, error: e }))
+      this.unconfirmed.push(...this.unsent.splice(0, r.sent))
+      if (r.error) throw r.error
     }
+    // Confirming stops at the first record without a receipt: a pass costs what changed, not the whole backlog.
     let left = false
     const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
     // Once two records in a row share a block, the rest of that block's receipts come in one call.
     let fromBlock = new Map<string, LedgerReceipt>()
     let lastBlock = -1
-    for await (const [, e] of this.entries.entries()) {
+    for (const e of this.unconfirmed) {
       let r = fromBlock.get(e.hash.toLowerCase()) ?? null
       if (!r) {
         r = await this.writer.receipt(e.hash)
@@ -166,6 +182,7 @@ export class Outbox {
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
     })
     await this.store.batch(ops)
+    this.unconfirmed.splice(0, confirmed.length)
     if (left) this.schedule(this.pollMs)
   }
 
@@ -181,7 +198,7 @@ export class Outbox {
   async drain(ms: number): Promise<boolean> {
     const end = Date.now() + ms
     while (Date.now() < end) {
-      if ((await this.pending()) === 0) return true
+      if (this.pending() === 0) return true
       this.schedule(0)
       await new Promise((r) => setTimeout(r, 20))
     }

@@ -27,9 +27,18 @@ class FakeWriter {
   sign(_e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
     const hash = hashOf(nonce)
     this.byHash.set(hash, { success: !this.reverted.has(Number(nonce)), blockNumber: this.blockOf(Number(nonce)) })
-    return { raw: '0x02', hash }
+    return { raw: `0x${nonce.toString(16).padStart(4, '0')}`, hash }
   }
-  async broadcast(): Promise<void> {}
+  /** The nonces of each broadcast call. */
+  readonly broadcasts: number[][] = []
+  /** The next broadcast: the node takes only this many, then refuses one. */
+  refuseAfter: number | null = null
+  async broadcast(raws: Hex[]): Promise<{ sent: number; error?: Error }> {
+    this.broadcasts.push(raws.map((r) => Number.parseInt(r.slice(2), 16)))
+    const refuse = this.refuseAfter
+    this.refuseAfter = null
+    return refuse === null ? { sent: raws.length } : { sent: refuse, error: new Error('replacement transaction underpriced') }
+  }
   async receipt(hash: Hex): Promise<LedgerReceipt | null> {
     if (!this.mined) return null
     this.receiptCalls++
@@ -44,25 +53,36 @@ class FakeWriter {
 
 const log = { warn() {}, error() {}, info() {}, debug() {} } as unknown as Logger
 
-async function run(t: Test, writer: FakeWriter, count: number): Promise<TxRecord[]> {
-  const dir = tempDir('paygate-outbox-')
+const recordOf = (i: number): TxRecord => ({
+  id: `tx_${String(i).padStart(4, '0')}`, agentId: 'a', status: 'paid', createdAt: 0, updatedAt: 0, endpoint: 'http://m/p', method: 'GET',
+  protocol: 'x402', amount: '1', txHash: null, parentTxHash: null, depth: 0,
+})
+
+async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-')): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
   const store = await Store.open(dir)
+  const transactions = new Transactions(store)
+  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10)
   t.teardown(async () => {
     await outbox.close()
     await store.close()
-    rmSync(dir, { recursive: true, force: true })
   })
-  const transactions = new Transactions(store)
-  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10)
   await outbox.start()
-  const recs = Array.from({ length: count }, (_, i): TxRecord => ({
-    id: `tx_${String(i).padStart(4, '0')}`, agentId: 'a', status: 'paid', createdAt: 0, updatedAt: 0, endpoint: 'http://m/p', method: 'GET',
-    protocol: 'x402', amount: '1', txHash: null, parentTxHash: null, depth: 0,
-  }))
-  await Promise.all(recs.map((r, i) => outbox.record(entry(i), r.id, (hash) => transactions.ops({ ...r, txHash: hash, ledger: { status: 'queued' } }))))
+  return { outbox, store, transactions, dir }
+}
+
+async function record(o: { outbox: Outbox; transactions: Transactions }, from: number, count: number): Promise<TxRecord[]> {
+  const recs = Array.from({ length: count }, (_, i) => recordOf(from + i))
+  await Promise.all(recs.map((r, i) => o.outbox.record(entry(from + i), r.id, (hash) => o.transactions.ops({ ...r, txHash: hash, ledger: { status: 'queued' } }))))
+  return recs
+}
+
+async function run(t: Test, writer: FakeWriter, count: number): Promise<TxRecord[]> {
+  const o = await open(t, writer)
+  t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
+  const recs = await record(o, 0, count)
   writer.mined = true
-  t.ok(await outbox.drain(10_000), 'every record confirmed')
-  return (await transactions.getMany(recs.map((r) => r.id))) as TxRecord[]
+  t.ok(await o.outbox.drain(10_000), 'every record confirmed')
+  return (await o.transactions.getMany(recs.map((r) => r.id))) as TxRecord[]
 }
 
 t.test('receipts of a shared block come in one call; records are confirmed with their blocks', async (t) => {
@@ -85,4 +105,39 @@ t.test('a node without eth_getBlockReceipts: one receipt per record, same outcom
   t.same(got.map((r) => r.ledger?.blockNumber), [10, 10, 10, 10, 11, 11, 11, 11, 12])
   t.ok(got.every((r) => r.ledger?.status === 'confirmed'))
   t.equal(writer.receiptCalls, 9)
+})
+
+t.test('a pass sends every waiting record in one call, in nonce order; what the node refused is sent again', async (t) => {
+  const writer = new FakeWriter(() => 3)
+  const o = await open(t, writer)
+  t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
+  writer.refuseAfter = 4
+  await record(o, 0, 10)
+  writer.mined = true
+  t.ok(await o.outbox.drain(10_000), 'every record confirmed')
+  t.same(writer.broadcasts, [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 9]])
+  t.equal(o.outbox.pending(), 0)
+  t.same([...(await o.transactions.getMany(['tx_0000', 'tx_0009']))].map((r) => r?.ledger?.status), ['confirmed', 'confirmed'])
+})
+
+t.test('records stored before a restart are sent again and confirmed after it', async (t) => {
+  const dir = tempDir('paygate-outbox-')
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const writer = new FakeWriter(() => 9)
+  const first = await open(t, writer, dir)
+  await record(first, 0, 5)
+  await new Promise((r) => setTimeout(r, 100))
+  t.equal(first.outbox.pending(), 5, 'sent, not yet mined')
+  await first.outbox.close()
+  await first.store.close()
+
+  const again = new FakeWriter(() => 9)
+  for (const [h, r] of writer.byHash) again.byHash.set(h, r) // the chain got them before the restart
+  const second = await open(t, again, dir)
+  t.equal(second.outbox.pending(), 5, 'read back at start')
+  again.mined = true
+  t.ok(await second.outbox.drain(10_000), 'every record confirmed')
+  t.same(again.broadcasts[0], [0, 1, 2, 3, 4], 'every stored record sent again')
+  const got = await second.transactions.getMany([0, 1, 2, 3, 4].map((i) => recordOf(i).id))
+  t.ok(got.every((r) => r?.ledger?.status === 'confirmed' && r.ledger.blockNumber === 9))
 })

@@ -1,0 +1,57 @@
+/**
+ * The embedded chain's batched send (one sender's raw transactions in one round trip to
+ * anvil, one journal write): per-transaction answers, the transactions mined, and a chain
+ * rebuilt from the journal alone (as after a SIGKILL) holding the same blocks.
+ */
+import t from 'tap'
+import { copyFileSync, mkdirSync, readdirSync, rmSync } from 'node:fs'
+import { join } from 'node:path'
+import type { Hex } from 'viem'
+import { mnemonicToAccount } from 'viem/accounts'
+import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet.js'
+import { tempDir } from '../helpers/gateway.js'
+
+const CHAIN_ID = 31337
+const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000 })
+
+t.test('one round trip for a run of transactions; a chain replayed from the journal has the same blocks', async (t) => {
+  const dir = tempDir('paygate-devnet-')
+  const copy = tempDir('paygate-devnet-copy-')
+  t.teardown(() => {
+    rmSync(dir, { recursive: true, force: true })
+    rmSync(copy, { recursive: true, force: true })
+  })
+  const chain = await open(dir)
+  t.teardown(() => chain.close())
+  const from = mnemonicToAccount(DEVNET_MNEMONIC)
+  // plain accounts (low addresses are precompiles)
+  const recipient = (nonce: number): Hex => `0x${'aa'.repeat(19)}${nonce.toString(16).padStart(2, '0')}`
+  const tx = (nonce: number, chainId = CHAIN_ID): Promise<Hex> =>
+    from.signTransaction({ chainId, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const raws = await Promise.all(Array.from({ length: 20 }, (_, i) => tx(i)))
+  // signed for another chain: the node refuses it, and only it (anvil takes a run in any order)
+  const foreign = await tx(20, CHAIN_ID + 1)
+
+  const results = await chain.sendRawTransactions([...raws, foreign])
+  t.equal(results.length, 21)
+  const hashes = results.slice(0, 20).map((r) => ('hash' in r ? r.hash : null))
+  t.ok(hashes.every((h) => typeof h === 'string'), 'each transaction answered with its hash')
+  t.ok('error' in results[20]!, 'the refused one answered with its error')
+
+  const receipts = (await Promise.all(hashes.map((h) => chain.request({ method: 'eth_getTransactionReceipt', params: [h] })))) as { status: Hex; blockNumber: Hex }[]
+  t.ok(receipts.every((r) => r?.status === '0x1'), 'every transaction mined')
+  const latest = Number(await chain.request({ method: 'eth_blockNumber' }))
+  const blocksOf = async (c: Devnet): Promise<string[]> =>
+    Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))
+  const blocks = await blocksOf(chain)
+
+  // What a SIGKILL leaves: the chain's identity and its journal, no snapshot.
+  mkdirSync(copy, { recursive: true })
+  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  const replayed = await open(copy)
+  t.teardown(() => replayed.close())
+  t.ok(replayed.stats().replayed >= 21, `journal entries replayed: ${replayed.stats().replayed}`)
+  t.same(await blocksOf(replayed), blocks, 'same block hashes')
+  const balance = (await replayed.request({ method: 'eth_getBalance', params: [recipient(19), 'latest'] })) as Hex
+  t.equal(BigInt(balance), 20n)
+})
