@@ -21,6 +21,12 @@ const nonceKey = (n: bigint): string => n.toString().padStart(20, '0')
 const SEND_DELAY_MS = 100
 /** At most this many records per send call (a backlog after a restart goes in slices). */
 const MAX_SEND = 1000
+/**
+ * At most this many records held in memory (about 0.5 KB each). A longer backlog (a chain
+ * that is down while payments go on) waits in the store only, and is read back in nonce
+ * order as the held records are confirmed.
+ */
+const MAX_HELD = 20_000
 
 /**
  * Durable outbox of ledger records. A record is signed with the next local nonce and
@@ -29,9 +35,9 @@ const MAX_SEND = 1000
  * stored transactions in nonce order and marks them confirmed when their receipts arrive.
  * The paid path never waits for the chain.
  *
- * What is stored is also held in memory (read once at start), so a pump pass reads nothing
- * back: a range read would make the store write everything logged into LevelDB first, many
- * times a second under load.
+ * What is stored is also held in memory (read once at start, up to MAX_HELD), so a pump pass
+ * reads nothing back: a range read would make the store write everything logged into LevelDB
+ * first, many times a second under load.
  */
 export class Outbox {
   private readonly entries: Collection<OutboxEntry>
@@ -41,6 +47,12 @@ export class Outbox {
   /** Stored and not yet sent, then sent and not yet confirmed; both in nonce order. */
   private unsent: OutboxEntry[] = []
   private unconfirmed: OutboxEntry[] = []
+  /** Records in the store, held or not. */
+  private stored = 0
+  /** The nonce after the last record taken into memory. */
+  private nextHeld = 0n
+  /** While records up to (not including) this nonce wait in the store only. */
+  private spilledUpTo: bigint | null = null
   private rerun = false
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
@@ -53,6 +65,7 @@ export class Outbox {
     private readonly writer: LedgerWriter,
     private readonly log: Logger,
     private readonly pollMs = 100,
+    private readonly maxHeld = MAX_HELD,
   ) {
     this.entries = store.collection('ledgerOutbox')
     this.meta = store.collection('meta')
@@ -63,13 +76,38 @@ export class Outbox {
     const stored = await this.meta.get(NONCE_KEY)
     this.nextNonce = stored !== undefined && BigInt(stored) > chainNonce ? BigInt(stored) : chainNonce
     // After a restart everything stored is sent again: the node may never have had it.
-    for await (const [, e] of this.entries.entries()) this.unsent.push(e)
+    this.nextHeld = this.nextNonce
+    for await (const [, e] of this.entries.entries()) {
+      this.stored++
+      if (this.unsent.length < this.maxHeld) this.hold([e])
+      else this.spilledUpTo = BigInt(e.nonce) + 1n
+    }
     this.schedule(0)
   }
 
   /** How many records are waiting to be sent or confirmed. */
   pending(): number {
+    return this.stored
+  }
+
+  private held(): number {
     return this.unsent.length + this.unconfirmed.length
+  }
+
+  private hold(es: OutboxEntry[]): void {
+    for (const e of es) this.unsent.push(e)
+    this.nextHeld = BigInt(es[es.length - 1]!.nonce) + 1n
+  }
+
+  /** Take records that wait in the store only into memory, as far as there is room. */
+  private async readBack(): Promise<void> {
+    const room = this.maxHeld - this.held()
+    if (room <= 0) return
+    const got: OutboxEntry[] = []
+    for await (const [, e] of this.entries.entries({ gte: nonceKey(this.nextHeld), limit: room })) got.push(e)
+    if (got.length) this.hold(got)
+    // Records stored during the read raised spilledUpTo: then the next pass reads them.
+    if (this.nextHeld >= this.spilledUpTo!) this.spilledUpTo = null
   }
 
   /**
@@ -108,7 +146,9 @@ export class Outbox {
         return
       }
       this.nextNonce = nonce
-      this.unsent.push(...stored)
+      this.stored += stored.length
+      if (this.spilledUpTo === null && this.held() + stored.length <= this.maxHeld) this.hold(stored)
+      else this.spilledUpTo = nonce
       group.forEach((g, i) => g.resolve(hashes[i]!))
     })
     // record() schedules a flush for whatever arrives meanwhile; the pass waits to send a run
@@ -143,6 +183,7 @@ export class Outbox {
 
   /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
+    if (this.spilledUpTo !== null) await this.readBack()
     while (this.unsent.length) {
       const batch = this.unsent.slice(0, MAX_SEND)
       const r = await this.writer.broadcast(batch.map((e) => e.raw)).catch((e: unknown) => ({ sent: 0, error: e }))
@@ -183,7 +224,8 @@ export class Outbox {
     })
     await this.store.batch(ops)
     this.unconfirmed.splice(0, confirmed.length)
-    if (left) this.schedule(this.pollMs)
+    this.stored -= confirmed.length
+    if (left || this.spilledUpTo !== null) this.schedule(this.pollMs)
   }
 
   /** Stop the pump; what is stored stays stored and is sent after the next start. */

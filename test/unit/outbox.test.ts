@@ -58,10 +58,10 @@ const recordOf = (i: number): TxRecord => ({
   protocol: 'x402', amount: '1', txHash: null, parentTxHash: null, depth: 0,
 })
 
-async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-')): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
+async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-'), maxHeld?: number): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
   const store = await Store.open(dir)
   const transactions = new Transactions(store)
-  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10)
+  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10, maxHeld)
   t.teardown(async () => {
     await outbox.close()
     await store.close()
@@ -140,4 +140,33 @@ t.test('records stored before a restart are sent again and confirmed after it', 
   t.same(again.broadcasts[0], [0, 1, 2, 3, 4], 'every stored record sent again')
   const got = await second.transactions.getMany([0, 1, 2, 3, 4].map((i) => recordOf(i).id))
   t.ok(got.every((r) => r?.ledger?.status === 'confirmed' && r.ledger.blockNumber === 9))
+})
+
+t.test('a backlog longer than what is held in memory waits in the store and goes out in nonce order, also after a restart', async (t) => {
+  const dir = tempDir('paygate-outbox-')
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  // mined only once `mined` is set: nothing held is confirmed, so no room is freed
+  const writer = new FakeWriter((n) => 100 + n)
+  const first = await open(t, writer, dir, 5)
+  await record(first, 0, 8)
+  await record(first, 8, 4)
+  await new Promise((r) => setTimeout(r, 100))
+  t.equal(first.outbox.pending(), 12)
+  t.same(writer.broadcasts.flat(), [0, 1, 2, 3, 4], 'only what is held was sent')
+  writer.mined = true
+  t.ok(await first.outbox.drain(10_000), 'every record confirmed')
+  t.same(writer.broadcasts.flat(), [...Array(12).keys()], 'each record sent once, in nonce order')
+
+  await record(first, 12, 9)
+  await first.outbox.close()
+  await first.store.close()
+  const again = new FakeWriter((n) => 100 + n)
+  for (const [h, r] of writer.byHash) again.byHash.set(h, r)
+  const second = await open(t, again, dir, 5)
+  t.equal(second.outbox.pending(), 9, 'the whole backlog counted at start')
+  again.mined = true
+  t.ok(await second.outbox.drain(10_000), 'every record confirmed')
+  t.same(again.broadcasts.flat(), [12, 13, 14, 15, 16, 17, 18, 19, 20])
+  const got = await second.transactions.getMany([...Array(21).keys()].map((i) => recordOf(i).id))
+  t.ok(got.every((r, i) => r?.ledger?.status === 'confirmed' && r.ledger.blockNumber === 100 + i))
 })
