@@ -557,9 +557,10 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     blocks = Number((await raw('eth_blockNumber')) as string)
 
     let fd = fs.openSync(journalPath(gen), 'a')
-    const append = (line: string): void => {
-      fs.writeSync(fd, line + '\n')
-      tailEntries++
+    /** Journal lines, in one write. */
+    const append = (...lines: string[]): void => {
+      fs.writeSync(fd, lines.join('\n') + '\n')
+      tailEntries += lines.length
     }
     const journalCall = (method: string, params: unknown[]): string => JSON.stringify({ m: method, p: params })
 
@@ -770,19 +771,16 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (closed) throw new Error('embedded chain is closed')
         const t = performance.now()
         const rs = await child.ipc.callMany('eth_sendRawTransaction', raws.map((r) => JSON.stringify([r])))
-        let lines = ''
-        let n = 0
+        const lines: string[] = []
         const out = rs.map((r, i): SendResult => {
           if (r.error || typeof r.result !== 'string') return { error: r.error ?? { code: -32603, message: 'no transaction hash' } }
           const line = journalCall('eth_sendRawTransaction', [raws[i]])
-          lines += line + '\n'
-          n++
+          lines.push(line)
           pending.set(r.result.toLowerCase(), line)
           return { hash: r.result }
         })
-        if (lines) {
-          fs.writeSync(fd, lines)
-          tailEntries += n
+        if (lines.length) {
+          append(...lines)
           scheduleMine()
         }
         tailCostMs += performance.now() - t
