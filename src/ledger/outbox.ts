@@ -77,10 +77,14 @@ export class Outbox {
     this.nextNonce = stored !== undefined && BigInt(stored) > chainNonce ? BigInt(stored) : chainNonce
     // After a restart everything stored is sent again: the node may never have had it.
     this.nextHeld = this.nextNonce
-    for await (const [, e] of this.entries.entries()) {
-      this.stored++
-      if (this.unsent.length < this.maxHeld) this.hold([e])
-      else this.spilledUpTo = BigInt(e.nonce) + 1n
+    for await (const [, e] of this.entries.entries({ limit: this.maxHeld })) this.hold([e])
+    this.stored = this.unsent.length
+    // Past the cap only keys are read, to count the backlog and see where it ends.
+    if (this.stored === this.maxHeld) {
+      for await (const k of this.entries.keys({ gte: nonceKey(this.nextHeld) })) {
+        this.stored++
+        this.spilledUpTo = BigInt(k) + 1n
+      }
     }
     this.schedule(0)
   }
