@@ -10,7 +10,8 @@
  * - Every state-changing call (sends, evm_ and hardhat_/anvil_ setters, mines with their exact
  *   timestamps) is serialised and appended to `journal-<gen>.ndjson` with write(2) before the
  *   answer goes out, so a SIGKILL of Paygate loses nothing acknowledged (a power cut can: no
- *   fsync per call). Reads go straight through.
+ *   fsync per call). Reads go straight through. A run of one sender's transactions sent
+ *   together is one line, replayed pipelined as it was sent (1.4x faster than call by call).
  * - Snapshots: `anvil_dumpState` (state, blocks, receipts, logs) into `snap-<gen>/state.json`
  *   when the chain has been idle for 2 s with a tail worth replaying, when the estimated restart
  *   time (load the snapshot + replay the journal tail) passes `restartBudgetMs`, and on close().
@@ -123,9 +124,10 @@ export interface Devnet {
   request(args: { method: string; params?: unknown[] | object }): Promise<unknown>
   /**
    * `eth_sendRawTransaction` for several raw transactions of ONE sender (consecutive nonces),
-   * in one round trip to anvil and one journal write. anvil may take them in any order: its pool
-   * orders one sender's transactions by nonce, so the mined blocks (and a journal replay, which
-   * sends them in the given order) come out the same. Per transaction: its hash or the error.
+   * in one round trip to anvil and one journal line. anvil may take them in any order: its pool
+   * orders one sender's transactions by nonce, so the mined blocks come out the same, and so do
+   * they when a journal replay sends the line again the same way. Per transaction: its hash or
+   * the error.
    */
   sendRawTransactions(raws: string[]): Promise<SendResult[]>
   stats(): DevnetStats
@@ -504,6 +506,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (!tx || tx.blockNumber) pending.delete(h)
       }
     }
+    const journalCall = (method: string, params: unknown[]): string => JSON.stringify({ m: method, p: params })
     let blocks = 0
     let tailEntries = 0
     let tailCostMs = 0 // estimated time to replay the current journal tail
@@ -526,22 +529,32 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         const nl = text.indexOf('\n', pos)
         const line = text.slice(pos, nl)
         pos = nl + 1
-        tailEntries++
-        const entry = JSON.parse(line) as { o?: number; m?: string; p?: unknown[] }
+        const entry = JSON.parse(line) as { o?: number; m?: string; p?: unknown[]; ps?: unknown[][] }
         if (entry.o !== undefined) {
+          tailEntries++
           offset = entry.o
           continue
         }
+        // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it
+        // came: pipelined, in one write. The rest, one call at a time, in journal order.
+        const calls = entry.ps ?? [entry.p ?? []]
         const t = performance.now()
-        const r = await child.ipc.call(entry.m!, JSON.stringify(entry.p ?? []))
+        const rs = entry.ps ? await child.ipc.callMany(entry.m!, calls.map((c) => JSON.stringify(c))) : [await child.ipc.call(entry.m!, JSON.stringify(calls[0]))]
         tailCostMs += performance.now() - t
-        replayed++
-        if (r.error) {
-          // e.g. a carried-over pending tx that the previous journal already sent
-          if (++failures <= 5) log('journal replay: call failed', { method: entry.m, error: r.error.message })
-          continue
+        tailEntries += calls.length
+        replayed += calls.length
+        rs.forEach((r, i) => {
+          if (r.error) {
+            // e.g. a carried-over pending tx that the previous journal already sent
+            if (++failures <= 5) log('journal replay: call failed', { method: entry.m, error: r.error.message })
+          } else if (SENDS.has(entry.m!) && typeof r.result === 'string') pending.set(r.result.toLowerCase(), entry.ps ? journalCall(entry.m!, calls[i]!) : line)
+        })
+        // What a block mined is no longer pending: one read per block here saves asking after
+        // every replayed tx below (that took longer than the replay itself).
+        if (entry.m === 'evm_mine' && !rs[0]!.error) {
+          const b = (await raw('eth_getBlockByNumber', ['latest', false])) as { transactions: string[] }
+          for (const h of b.transactions) pending.delete(h.toLowerCase())
         }
-        if (SENDS.has(entry.m!) && typeof r.result === 'string') pending.set(r.result.toLowerCase(), line)
       }
     }
     if (failures) log('journal replay finished with failures', { failures })
@@ -557,12 +570,11 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     blocks = Number((await raw('eth_blockNumber')) as string)
 
     let fd = fs.openSync(journalPath(gen), 'a')
-    /** Journal lines, in one write. */
-    const append = (...lines: string[]): void => {
-      fs.writeSync(fd, lines.join('\n') + '\n')
-      tailEntries += lines.length
+    /** A journal line for `entries` calls. */
+    const append = (line: string, entries = 1): void => {
+      fs.writeSync(fd, line + '\n')
+      tailEntries += entries
     }
-    const journalCall = (method: string, params: unknown[]): string => JSON.stringify({ m: method, p: params })
 
     // ---- serial queue for everything that changes chain state ----
     let tail: Promise<unknown> = Promise.resolve()
@@ -771,16 +783,17 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (closed) throw new Error('embedded chain is closed')
         const t = performance.now()
         const rs = await child.ipc.callMany('eth_sendRawTransaction', raws.map((r) => JSON.stringify([r])))
-        const lines: string[] = []
+        const sent: string[][] = []
         const out = rs.map((r, i): SendResult => {
           if (r.error || typeof r.result !== 'string') return { error: r.error ?? { code: -32603, message: 'no transaction hash' } }
-          const line = journalCall('eth_sendRawTransaction', [raws[i]])
-          lines.push(line)
-          pending.set(r.result.toLowerCase(), line)
+          sent.push([raws[i]!])
+          // a tx carried into the next journal at a snapshot goes there as a line of its own
+          pending.set(r.result.toLowerCase(), journalCall('eth_sendRawTransaction', sent[sent.length - 1]!))
           return { hash: r.result }
         })
-        if (lines.length) {
-          append(...lines)
+        if (sent.length) {
+          // one line for the run, so a replay can pipeline it too (the accepted ones, in order)
+          append(JSON.stringify({ m: 'eth_sendRawTransaction', ps: sent }), sent.length)
           scheduleMine()
         }
         tailCostMs += performance.now() - t

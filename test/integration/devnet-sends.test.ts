@@ -55,3 +55,40 @@ t.test('one round trip for a run of transactions; a chain replayed from the jour
   const balance = (await replayed.request({ method: 'eth_getBalance', params: [recipient(19), 'latest'] })) as Hex
   t.equal(BigInt(balance), 20n)
 })
+
+t.test('a transaction waiting behind a nonce gap survives a replay and the snapshot after it', async (t) => {
+  const dir = tempDir('paygate-devnet-')
+  const copy = tempDir('paygate-devnet-copy-')
+  t.teardown(() => {
+    rmSync(dir, { recursive: true, force: true })
+    rmSync(copy, { recursive: true, force: true })
+  })
+  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 2 })
+  const recipient = (nonce: number): Hex => `0x${'bb'.repeat(19)}${nonce.toString(16).padStart(2, '0')}`
+  const tx = (nonce: number): Promise<Hex> =>
+    from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const balance = async (c: Devnet, nonce: number): Promise<bigint> => BigInt((await c.request({ method: 'eth_getBalance', params: [recipient(nonce), 'latest'] })) as Hex)
+
+  const chain = await open(dir)
+  const sent = await chain.sendRawTransactions(await Promise.all([0, 1, 2].map(tx)))
+  await Promise.all(sent.map((r) => chain.request({ method: 'eth_getTransactionReceipt', params: ['hash' in r ? r.hash : '0x'] })))
+  // nonce 3 is missing: nonce 4 waits in the pool
+  const waiting = (await chain.request({ method: 'eth_sendRawTransaction', params: [await tx(4)] })) as Hex
+  await chain.request({ method: 'evm_mine' }) // a block after it, which it is not in
+  mkdirSync(copy, { recursive: true })
+  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  await chain.close()
+
+  // replayed from the journal (as after a SIGKILL), then closed: the snapshot holds no pool,
+  // so the waiting transaction must be carried into the next journal
+  const replayed = await open(copy)
+  t.equal(await balance(replayed, 2), 3n, 'the mined run is back')
+  await replayed.close()
+  const reopened = await open(copy)
+  t.teardown(() => reopened.close())
+  t.equal(await balance(reopened, 4), 0n, 'still waiting for nonce 3')
+  await reopened.request({ method: 'eth_sendRawTransaction', params: [await tx(3)] })
+  const receipt = (await reopened.request({ method: 'eth_getTransactionReceipt', params: [waiting] })) as { status: Hex } | null
+  t.equal(receipt?.status, '0x1', 'the waiting transaction is mined once the gap is filled')
+  t.equal(await balance(reopened, 4), 5n)
+})
