@@ -124,7 +124,7 @@ export class PaymentEngine {
   readonly inFlight = new Set<string>()
 
   constructor(private readonly d: EngineDeps) {
-    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock)
+    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed') })
   }
 
   /** Run under the agent's usage lock; a failed write drops the cached usage so it is re-read. */
