@@ -19,6 +19,17 @@ function chain(): { read: (a: `0x${string}`) => Promise<bigint>; calls: () => nu
   }
 }
 
+/** Balances over a hand-answered chain, with a first reading of 100 taken at the clock's start. */
+async function primed(opts: ConstructorParameters<typeof Balances>[2] = {}): Promise<{ c: ReturnType<typeof chain>; clock: ManualClock; b: Balances }> {
+  const c = chain()
+  const clock = new ManualClock()
+  const b = new Balances(c.read, clock, opts)
+  const first = b.balance(ADDR, 10n, 0n)
+  c.answer(100n)
+  await first
+  return { c, clock, b }
+}
+
 /** Whether `p` has settled once pending callbacks ran. */
 async function settled(p: Promise<unknown>): Promise<boolean> {
   let done = false
@@ -42,12 +53,7 @@ t.test('the first reading is awaited, and concurrent callers share it', async (t
 })
 
 t.test('within the TTL: no read, the reading less what was committed since', async (t) => {
-  const c = chain()
-  const clock = new ManualClock()
-  const b = new Balances(c.read, clock, { ttlMs: 5000 })
-  const p = b.balance(ADDR, 10n, 0n)
-  c.answer(100n)
-  await p
+  const { c, clock, b } = await primed({ ttlMs: 5000 })
   b.spend(ADDR.toUpperCase().replace('0X', '0x'), 30n)
   clock.advance(4999)
   t.equal(await b.balance(ADDR, 10n, 0n), 70n)
@@ -55,12 +61,7 @@ t.test('within the TTL: no read, the reading less what was committed since', asy
 })
 
 t.test('past the TTL an approving estimate answers at once while a fresh reading is fetched', async (t) => {
-  const c = chain()
-  const clock = new ManualClock()
-  const b = new Balances(c.read, clock, { ttlMs: 5000, maxStaleMs: 20_000 })
-  const first = b.balance(ADDR, 10n, 0n)
-  c.answer(100n)
-  await first
+  const { c, clock, b } = await primed({ ttlMs: 5000, maxStaleMs: 20_000 })
   clock.advance(6000)
   const stale = b.balance(ADDR, 10n, 20n)
   t.equal(await settled(stale), true, 'not held behind the chain')
@@ -76,12 +77,7 @@ t.test('past the TTL an approving estimate answers at once while a fresh reading
 })
 
 t.test('an estimate that would refuse waits for a fresh reading (incoming funds are seen)', async (t) => {
-  const c = chain()
-  const clock = new ManualClock()
-  const b = new Balances(c.read, clock, { ttlMs: 5000 })
-  const first = b.balance(ADDR, 10n, 0n)
-  c.answer(100n)
-  await first
+  const { c, b } = await primed({ ttlMs: 5000 })
   const p = b.balance(ADDR, 95n, 10n) // 100 - 10 held < 95
   t.equal(await settled(p), false, 'waits, even within the TTL')
   c.answer(1000n)
@@ -89,13 +85,8 @@ t.test('an estimate that would refuse waits for a fresh reading (incoming funds 
 })
 
 t.test('past maxStaleMs the payment waits for the chain; a failed refresh is reported', async (t) => {
-  const c = chain()
-  const clock = new ManualClock()
   const errors: unknown[] = []
-  const b = new Balances(c.read, clock, { ttlMs: 5000, maxStaleMs: 20_000, onRefreshError: (e) => errors.push(e) })
-  const first = b.balance(ADDR, 10n, 0n)
-  c.answer(100n)
-  await first
+  const { c, clock, b } = await primed({ ttlMs: 5000, maxStaleMs: 20_000, onRefreshError: (e) => errors.push(e) })
   clock.advance(6000)
   t.equal(await b.balance(ADDR, 10n, 0n), 100n)
   c.fail(new Error('chain down'))
