@@ -506,7 +506,9 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (!tx || tx.blockNumber) pending.delete(h)
       }
     }
-    const journalCall = (method: string, params: unknown[]): string => JSON.stringify({ m: method, p: params })
+    /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
+    const journalLine = (method: string, paramsJson: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}}`
+    const journalCall = (method: string, params: unknown[]): string => journalLine(method, JSON.stringify(params))
     let blocks = 0
     let tailEntries = 0
     let tailCostMs = 0 // estimated time to replay the current journal tail
@@ -537,9 +539,9 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         }
         // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it
         // came: pipelined, in one write. The rest, one call at a time, in journal order.
-        const calls = entry.ps ?? [entry.p ?? []]
+        const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))
         const t = performance.now()
-        const rs = entry.ps ? await child.ipc.callMany(entry.m!, calls.map((c) => JSON.stringify(c))) : [await child.ipc.call(entry.m!, JSON.stringify(calls[0]))]
+        const rs = entry.ps ? await child.ipc.callMany(entry.m!, calls) : [await child.ipc.call(entry.m!, calls[0]!)]
         tailCostMs += performance.now() - t
         tailEntries += calls.length
         replayed += calls.length
@@ -547,7 +549,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           if (r.error) {
             // e.g. a carried-over pending tx that the previous journal already sent
             if (++failures <= 5) log('journal replay: call failed', { method: entry.m, error: r.error.message })
-          } else if (SENDS.has(entry.m!) && typeof r.result === 'string') pending.set(r.result.toLowerCase(), entry.ps ? journalCall(entry.m!, calls[i]!) : line)
+          } else if (SENDS.has(entry.m!) && typeof r.result === 'string') pending.set(r.result.toLowerCase(), entry.ps ? journalLine(entry.m!, calls[i]!) : line)
         })
         // What a block mined is no longer pending: one read per block here saves asking after
         // every replayed tx below (that took longer than the replay itself).
@@ -782,18 +784,19 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       return serial(async () => {
         if (closed) throw new Error('embedded chain is closed')
         const t = performance.now()
-        const rs = await child.ipc.callMany('eth_sendRawTransaction', raws.map((r) => JSON.stringify([r])))
-        const sent: string[][] = []
+        const params = raws.map((r) => JSON.stringify([r]))
+        const rs = await child.ipc.callMany('eth_sendRawTransaction', params)
+        const sent: string[] = []
         const out = rs.map((r, i): SendResult => {
           if (r.error || typeof r.result !== 'string') return { error: r.error ?? { code: -32603, message: 'no transaction hash' } }
-          sent.push([raws[i]!])
+          sent.push(params[i]!)
           // a tx carried into the next journal at a snapshot goes there as a line of its own
-          pending.set(r.result.toLowerCase(), journalCall('eth_sendRawTransaction', sent[sent.length - 1]!))
+          pending.set(r.result.toLowerCase(), journalLine('eth_sendRawTransaction', params[i]!))
           return { hash: r.result }
         })
         if (sent.length) {
           // one line for the run, so a replay can pipeline it too (the accepted ones, in order)
-          append(JSON.stringify({ m: 'eth_sendRawTransaction', ps: sent }), sent.length)
+          append(`{"m":"eth_sendRawTransaction","ps":[${sent.join(',')}]}`, sent.length)
           scheduleMine()
         }
         tailCostMs += performance.now() - t
