@@ -3,7 +3,7 @@
  * anvil, one journal write): per-transaction answers, the transactions mined, and a chain
  * rebuilt from the journal alone (as after a SIGKILL) holding the same blocks.
  */
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { copyFileSync, mkdirSync, readdirSync, rmSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Hex } from 'viem'
@@ -12,15 +12,19 @@ import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devne
 import { tempDir } from '../helpers/gateway.js'
 
 const CHAIN_ID = 31337
+/** A chain's data dir and one for a copy of its files, removed after the test. */
+function dirs(t: Test): { dir: string; copy: string } {
+  const d = { dir: tempDir('paygate-devnet-'), copy: tempDir('paygate-devnet-copy-') }
+  t.teardown(() => {
+    rmSync(d.dir, { recursive: true, force: true })
+    rmSync(d.copy, { recursive: true, force: true })
+  })
+  return d
+}
 const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000 })
 
 t.test('one round trip for a run of transactions; a chain replayed from the journal has the same blocks', async (t) => {
-  const dir = tempDir('paygate-devnet-')
-  const copy = tempDir('paygate-devnet-copy-')
-  t.teardown(() => {
-    rmSync(dir, { recursive: true, force: true })
-    rmSync(copy, { recursive: true, force: true })
-  })
+  const { dir, copy } = dirs(t)
   const chain = await open(dir)
   t.teardown(() => chain.close())
   const from = mnemonicToAccount(DEVNET_MNEMONIC)
@@ -57,12 +61,7 @@ t.test('one round trip for a run of transactions; a chain replayed from the jour
 })
 
 t.test('a transaction waiting behind a nonce gap survives a replay and the snapshot after it', async (t) => {
-  const dir = tempDir('paygate-devnet-')
-  const copy = tempDir('paygate-devnet-copy-')
-  t.teardown(() => {
-    rmSync(dir, { recursive: true, force: true })
-    rmSync(copy, { recursive: true, force: true })
-  })
+  const { dir, copy } = dirs(t)
   const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 2 })
   const recipient = (nonce: number): Hex => `0x${'bb'.repeat(19)}${nonce.toString(16).padStart(2, '0')}`
   const tx = (nonce: number): Promise<Hex> =>
