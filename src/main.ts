@@ -1,8 +1,8 @@
 import { deployExternal } from './chain/chain.js'
-import { loadConfig, type Config } from './config/load.js'
+import { loadConfig, secretTexts, type Config } from './config/load.js'
 import { PaygateError, isPaygateError } from './errors/index.js'
 import { startGateway } from './gateway.js'
-import { createLogger } from './log/index.js'
+import { createLogger, hideInLogs, scrubSecrets } from './log/index.js'
 import { CertificateAuthority } from './proxy/ca.js'
 import { Store } from './store/index.js'
 import { Keystore } from './wallet/keystore.js'
@@ -31,6 +31,7 @@ async function deployLedger(config: Config, withToken: boolean): Promise<void> {
 /** `paygate [start] [--flags]`: start the gateway and run until SIGINT/SIGTERM. */
 async function main(): Promise<void> {
   const { config, positional } = loadConfig({ argv: process.argv.slice(2), env: process.env })
+  for (const [text, shown] of secretTexts(config)) hideInLogs(text, shown)
   const command = positional[0] ?? 'start'
   if (command === 'deploy-ledger') {
     const extra = positional.slice(1).filter((a) => a !== '--with-token')
@@ -89,6 +90,6 @@ async function main(): Promise<void> {
 main().catch((e: unknown) => {
   // Start-up failures are reported as one clear message, never a stack trace.
   const msg = isPaygateError(e) ? e.detail : e instanceof Error ? e.message : String(e)
-  process.stderr.write(`paygate: cannot start: ${msg}\n`)
+  process.stderr.write(`paygate: cannot start: ${scrubSecrets(msg)}\n`)
   process.exit(isPaygateError(e) && e.code === 'invalid_config' ? 2 : 1)
 })

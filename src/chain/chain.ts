@@ -19,6 +19,7 @@ import type { Logger } from '../log/index.js'
 import type { Collection } from '../store/index.js'
 import { parseDecimal } from '../util/money.js'
 import { KeyedMutex } from '../util/mutex.js'
+import { shownUrl } from '../util/redact.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
@@ -29,6 +30,7 @@ export type Address = `0x${string}`
 export interface ChainInfo {
   network: string
   chainId: number
+  /** As shown (logs, `GET /v1/chain`): an external URL with credentials, a path or a query is its origin alone. */
   rpcUrl: string
   token: Address
   ledger: Address
@@ -121,10 +123,10 @@ export class Chain {
       const pollingInterval = devnet ? 20 : 1000
       const publicClient = createPublicClient({ chain, transport, pollingInterval }) as PublicClient
       const reported = await publicClient.getChainId().catch((e: unknown) => {
-        throw new PaygateError('invalid_config', `chain at ${rpcUrl} does not answer: ${(e as Error).message.split('\n')[0]}`)
+        throw new PaygateError('invalid_config', `chain at ${shownUrl(rpcUrl)} does not answer: ${(e as Error).message.split('\n')[0]}`)
       })
       if (reported !== c.chainId) {
-        throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${rpcUrl} reports ${reported}`)
+        throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${shownUrl(rpcUrl)} reports ${reported}`)
       }
       const signerKey = await loadKey(c.signerKey, meta, keystore, 'signerKey')
       const signer = privateKeyToAccount(signerKey)
@@ -148,7 +150,7 @@ export class Chain {
         const recorder = await publicClient.readContract({ address: c.ledger!, abi: paymentLedgerAbi, functionName: 'isRecorder', args: [signer.address] })
         if (!recorder) log.warn({ signer: signer.address, ledger: c.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
       }
-      const info: ChainInfo = { network, chainId: c.chainId, rpcUrl, token: deployment.token, ledger: deployment.ledger }
+      const info: ChainInfo = { network, chainId: c.chainId, rpcUrl: shownUrl(rpcUrl), token: deployment.token, ledger: deployment.ledger }
       log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
       return new Chain(info, !!devnet, publicClient, walletClient, signer, new FastSigner(signerKey), devnet, minter)
     } catch (e) {
@@ -294,7 +296,7 @@ export async function deployExternal(
   const chain = viemChain(c.chainId, c.network ?? networkNameFor(c.chainId), c.rpcUrl)
   const publicClient = createPublicClient({ chain, transport, pollingInterval: 250 }) as PublicClient
   const reported = await publicClient.getChainId()
-  if (reported !== c.chainId) throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${c.rpcUrl} reports ${reported}`)
+  if (reported !== c.chainId) throw new PaygateError('invalid_config', `chain.chainId = ${c.chainId} but the chain at ${shownUrl(c.rpcUrl)} reports ${reported}`)
   const signer = await loadSigner(c.signerKey, deps.meta, deps.keystore)
   const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval: 250 })
   const d = await deployContracts(publicClient, walletClient, signer, opts)

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { isIP } from 'node:net'
 import { resolve } from 'node:path'
 import { PaygateError } from '../errors/index.js'
+import { shownUrl, urlSecrets } from '../util/redact.js'
 import { KEYS, envName, flagName, type KeySpec } from './keys.js'
 
 export interface Config {
@@ -120,6 +121,7 @@ export function parseFlags(argv: readonly string[]): { flags: Map<string, string
 
 function describeValue(spec: KeySpec, v: unknown): string {
   if (spec.kind === 'secret') return `<redacted, ${String(v).length} characters>`
+  if (spec.kind === 'url' && typeof v === 'string') return JSON.stringify(shownUrl(v))
   return JSON.stringify(v)
 }
 
@@ -210,6 +212,22 @@ function setPath(obj: Record<string, unknown>, path: string, value: unknown): vo
   let cur = obj
   for (const p of parts.slice(0, -1)) cur = (cur[p] ??= {}) as Record<string, unknown>
   cur[parts[parts.length - 1]!] = value
+}
+
+/**
+ * What of the configuration must never reach a log or an error message, each with what is
+ * shown instead: every secret's value, and URLs that may carry credentials (`shownUrl`).
+ */
+export function secretTexts(config: Config): [text: string, shown: string][] {
+  const out: [string, string][] = []
+  for (const spec of KEYS) {
+    let v: unknown = config
+    for (const p of spec.path.split('.')) v = (v as Record<string, unknown> | null)?.[p]
+    if (typeof v !== 'string' || !v) continue
+    if (spec.kind === 'secret') out.push([v, '[redacted]'])
+    else if (spec.kind === 'url') out.push(...urlSecrets(v))
+  }
+  return out
 }
 
 const SOURCE_TEXT: Record<Source, (spec: KeySpec, file?: string) => string> = {

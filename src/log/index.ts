@@ -25,6 +25,25 @@ const REDACT = [
   '*.headers["proxy-authorization"]',
 ]
 
+/** Texts hidden wherever they appear in a log line, longest first, with what is shown instead. */
+let hidden: [text: string, shown: string][] = []
+
+/**
+ * Hide `text` in every line the loggers of `createLogger` write, and in `scrubSecrets`:
+ * the second line of defence for a secret inside a message (an RPC URL with its API key in
+ * a library's error). Configured secrets are registered once, at start.
+ */
+export function hideInLogs(text: string, shown = '[redacted]'): void {
+  if (!text || hidden.some(([t]) => t === text)) return
+  hidden = [...hidden, [text, shown] as [string, string]].sort((a, b) => b[0].length - a[0].length)
+}
+
+/** `text` with every hidden text replaced. */
+export function scrubSecrets(text: string): string {
+  for (const [t, shown] of hidden) if (text.includes(t)) text = text.replaceAll(t, shown)
+  return text
+}
+
 let lastMs = 0
 let lastTime = ''
 /** pino's isoTime, formatted once per millisecond: under load many lines share one. */
@@ -82,13 +101,13 @@ class BatchedStdout implements DestinationStream {
 let stdout: BatchedStdout | undefined
 
 export function createLogger(level: string, destination?: DestinationStream): Logger {
-  return pino({ ...OPTIONS, level, redact: { paths: REDACT, censor: '[redacted]' } }, destination ?? (stdout ??= new BatchedStdout()))
+  return pino({ ...OPTIONS, level, redact: { paths: REDACT, censor: '[redacted]' }, hooks: { streamWrite: scrubSecrets } }, destination ?? (stdout ??= new BatchedStdout()))
 }
 
 const streamOf = (log: Logger): DestinationStream => (log as unknown as Record<symbol, DestinationStream>)[pino.symbols.streamSym]!
 
 /**
- * A logger on the same destination and level without the redaction pass, for a hot-path
+ * A logger on the same destination and level without the redaction pass (nor `hideInLogs`), for a hot-path
  * line whose fields are all known and carry no secret (the API's line per request):
  * redaction walks every object logged (about 11 µs a line here, 5 µs for all the rest).
  */

@@ -101,7 +101,14 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
   const signerKey = generatePrivateKey()
   const signer = privateKeyToAccount(signerKey)
   await ext.request({ method: 'anvil_setBalance', params: [signer.address, '0x56bc75e2d63100000'] })
-  const base = { PAYGATE_DATA_DIR: dataDir, PAYGATE_CHAIN_RPC_URL: ext.rpcUrl, PAYGATE_CHAIN_CHAIN_ID: '31338', PAYGATE_CHAIN_SIGNER_KEY: signerKey }
+  // Configured as a hosted provider's URL would be: credentials in the userinfo, the path and
+  // the query (the chain here answers at any path). None of them may show in logs or errors.
+  const SECRETS = ['rpcpassword1', 'PATHKEY42', 'QUERYKEY7']
+  const origin = new URL(ext.rpcUrl).host
+  const rpcUrl = `http://paygate:rpcpassword1@${origin}/v3/PATHKEY42?apikey=QUERYKEY7`
+  const shown = `http://${origin}/[redacted]`
+  const leaks = (text: string): string[] => SECRETS.filter((s) => text.includes(s))
+  const base = { PAYGATE_DATA_DIR: dataDir, PAYGATE_CHAIN_RPC_URL: rpcUrl, PAYGATE_CHAIN_CHAIN_ID: '31338', PAYGATE_CHAIN_SIGNER_KEY: signerKey }
 
   const missing = await runCli({ ...base, PAYGATE_API_PORT: '0' }, [])
   t.equal(missing.code, 2)
@@ -115,13 +122,15 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
   const wrongId = await runCli({ ...base, PAYGATE_CHAIN_CHAIN_ID: '5', PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_API_PORT: '0' }, [])
   t.equal(wrongId.code, 2)
   t.match(wrongId.stderr, /chain\.chainId = 5 but the chain at .* reports 31338/)
+  t.ok(wrongId.stderr.includes(shown), 'the error names the chain by its origin')
+  t.same(leaks(missing.stderr + dep.stdout + dep.stderr + wrongId.stderr), [], 'no credential of the RPC URL in the CLI output')
 
   const g = await spawnGateway({ ...base, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_CHAIN_NETWORK: 'test-mainnet' })
   t.teardown(() => g.stop('SIGKILL'))
   t.notOk(logsOf(g).some((j) => j.msg === 'anvil started'), 'no embedded chain is started')
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(g.url, 'GET', '/v1/chain', acct)).body
-  t.match(info, { network: 'test-mainnet', chainId: 31338, rpcUrl: ext.rpcUrl, token: addrs.token, ledger: addrs.ledger })
+  t.match(info, { network: 'test-mainnet', chainId: 31338, rpcUrl: shown, token: addrs.token, ledger: addrs.ledger })
   await call(g.url, 'POST', '/v1/agents', acct, { agentId: 'x' })
   const w = await call(g.url, 'POST', '/v1/wallets', acct, { agentId: 'x' })
   t.same(w.body.network, 'test-mainnet')
@@ -141,4 +150,15 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
   }
   t.equal(bal, 7)
   t.same((await call(g.url, 'GET', '/readyz', null)).body.checks, { store: true, chain: true })
+  t.ok(logsOf(g).some((j) => j.msg === 'chain ready' && j.rpcUrl === shown), 'the chain is logged by its origin')
+
+  // With the chain gone, viem's errors carry the URL (less its userinfo) into the logs: hidden there too.
+  await ext.close()
+  const down = await call(g.url, 'GET', '/v1/wallets/x', acct)
+  t.ok(down.status >= 500, `a balance read with the chain down fails (${down.status})`)
+  const chainError = (l: string): boolean => l.includes(shown) && /"level":"(warn|error)"/.test(l)
+  const until = Date.now() + 5000
+  while (Date.now() < until && !g.stdout.some(chainError)) await new Promise((r) => setTimeout(r, 50))
+  t.ok(g.stdout.some(chainError), 'the chain error is logged with the URL shown by its origin')
+  t.same(leaks([...g.stdout, ...g.stderr].join('\n')), [], 'no credential of the RPC URL in the logs')
 })
