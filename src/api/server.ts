@@ -81,6 +81,7 @@ export function createApiServer(deps: ApiDeps): Server {
         (e: unknown) => {
           const err = toPaygateError(e)
           if (err.code === 'internal_error') log.error({ err: e, path: url.pathname }, 'request failed')
+          else if (err.code === 'unavailable' && err.cause !== undefined) log.warn({ err, path: url.pathname }, 'request failed: a dependency is not answering')
           if (err.code === 'payload_too_large') res.setHeader('connection', 'close')
           return errorReply(err)
         },

@@ -1,5 +1,10 @@
 import {
+  BaseError,
   getAddress,
+  HttpRequestError,
+  SocketClosedError,
+  TimeoutError,
+  WebSocketRequestError,
   createPublicClient,
   createWalletClient,
   custom,
@@ -63,6 +68,17 @@ export function viemChain(chainId: number, name: string, rpcUrl: string): ViemCh
     nativeCurrency: { name: 'Ether', symbol: 'ETH', decimals: 18 },
     rpcUrls: { default: { http: [rpcUrl] } },
   }
+}
+
+/**
+ * A read the node did not answer (unreachable, timed out, socket closed, an HTTP error such
+ * as a provider refusing its key) is 503 `unavailable`, the cause kept for the log; any
+ * other error (a revert, a bad answer) is thrown as it is.
+ */
+function unanswered(e: unknown): never {
+  const transport = e instanceof BaseError && e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError)
+  if (transport) throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
+  throw e
 }
 
 function transportFor(url: string): Transport {
@@ -160,11 +176,11 @@ export class Chain {
   }
 
   async blockNumber(): Promise<bigint> {
-    return this.publicClient.getBlockNumber({ cacheTime: 0 })
+    return this.publicClient.getBlockNumber({ cacheTime: 0 }).catch(unanswered)
   }
 
   async balanceOf(address: Address): Promise<bigint> {
-    return this.publicClient.readContract({ address: this.info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [address] })
+    return this.publicClient.readContract({ address: this.info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [address] }).catch(unanswered)
   }
 
   /** Dev faucet (embedded chain only): mint USDC base units and set the native gas balance. */

@@ -40,8 +40,10 @@ export class PaygateError extends Error {
     detail: string,
     extra: Record<string, unknown> = {},
     headers: Record<string, string> = {},
+    /** What went wrong underneath, for the log only (never in the answer). */
+    cause?: unknown,
   ) {
-    super(`${code}: ${detail}`)
+    super(`${code}: ${detail}`, cause === undefined ? undefined : { cause })
     this.name = 'PaygateError'
     this.code = code
     this.status = ERROR_STATUS[code]

@@ -98,11 +98,11 @@ export function runCli(env: Record<string, string>, args: string[]): Promise<{ c
   })
 }
 
-export async function call(url: string, method: string, path: string, key: string | null, body?: unknown): Promise<{ status: number; body: any; text: string }> {
+export async function call(url: string, method: string, path: string, key: string | null, body?: unknown): Promise<{ status: number; body: any; text: string; headers: Record<string, string> }> {
   const headers: Record<string, string> = {}
   if (key) headers.authorization = `Bearer ${key}`
   if (body !== undefined) headers['content-type'] = 'application/json'
   const res = await fetch(url + path, { method, headers, ...(body !== undefined ? { body: JSON.stringify(body) } : {}) })
   const text = await res.text()
-  return { status: res.status, body: text ? JSON.parse(text) : undefined, text }
+  return { status: res.status, body: text ? JSON.parse(text) : undefined, text, headers: Object.fromEntries(res.headers) }
 }

@@ -1,5 +1,7 @@
 import t from 'tap'
 import { readFileSync, rmSync } from 'node:fs'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { createWalletClient, http } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
@@ -155,7 +157,21 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
   // With the chain gone, viem's errors carry the URL (less its userinfo) into the logs: hidden there too.
   await ext.close()
   const down = await call(g.url, 'GET', '/v1/wallets/x', acct)
-  t.ok(down.status >= 500, `a balance read with the chain down fails (${down.status})`)
+  t.same([down.status, down.body.error, down.body.detail], [503, 'unavailable', 'the chain is not answering; retry later'], 'a balance read with the chain down is 503, not an internal error')
+  t.equal(down.headers['retry-after'], '2')
+  t.same([(await call(g.url, 'GET', '/v1/chain', acct)).status, (await call(g.url, 'GET', '/readyz', null)).body.checks], [503, { store: true, chain: false }])
+  // A payment whose funds check cannot read the wallet: 503, nothing signed or recorded.
+  const merchant = createServer((_req, res) => {
+    const accepts = [{ scheme: 'exact', network: 'eip155:31338', amount: '1000', asset: addrs.token, payTo: signer.address, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }]
+    const required = { x402Version: 2, resource: { url: `http://127.0.0.1:${(merchant.address() as AddressInfo).port}/paid` }, accepts }
+    res.writeHead(402, { 'payment-required': Buffer.from(JSON.stringify(required)).toString('base64') }).end('{}')
+  })
+  await new Promise<void>((r) => merchant.listen(0, '127.0.0.1', r))
+  t.teardown(() => merchant.close())
+  const endpoint = `http://127.0.0.1:${(merchant.address() as AddressInfo).port}/paid`
+  const pay = await call(g.url, 'POST', '/v1/pay', acct, { agentId: 'x', endpoint, method: 'GET' })
+  t.same([pay.status, pay.body.error], [503, 'unavailable'], 'a payment with the chain down is 503')
+  t.same((await call(g.url, 'GET', '/v1/transactions?agentId=x', acct)).body.transactions, [], 'nothing recorded')
   const chainError = (l: string): boolean => l.includes(shown) && /"level":"(warn|error)"/.test(l)
   const until = Date.now() + 5000
   while (Date.now() < until && !g.stdout.some(chainError)) await new Promise((r) => setTimeout(r, 50))
