@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs'
 import { isIP } from 'node:net'
 import { resolve } from 'node:path'
 import { PaygateError } from '../errors/index.js'
-import { shownUrl, urlSecrets } from '../util/redact.js'
+import { MIN_HIDDEN_LENGTH, shownUrl, urlSecrets } from '../util/redact.js'
 import { KEYS, envName, flagName, type KeySpec } from './keys.js'
 
 export interface Config {
@@ -216,7 +216,8 @@ function setPath(obj: Record<string, unknown>, path: string, value: unknown): vo
 
 /**
  * What of the configuration must never reach a log or an error message, each with what is
- * shown instead: every secret's value, and URLs that may carry credentials (`shownUrl`).
+ * shown instead: every secret's value (long enough to be told from ordinary text), and URLs
+ * that may carry credentials (`shownUrl`).
  */
 export function secretTexts(config: Config): [text: string, shown: string][] {
   const out: [string, string][] = []
@@ -224,7 +225,7 @@ export function secretTexts(config: Config): [text: string, shown: string][] {
     let v: unknown = config
     for (const p of spec.path.split('.')) v = (v as Record<string, unknown> | null)?.[p]
     if (typeof v !== 'string' || !v) continue
-    if (spec.kind === 'secret') out.push([v, '[redacted]'])
+    if (spec.kind === 'secret' && v.length >= MIN_HIDDEN_LENGTH) out.push([v, '[redacted]'])
     else if (spec.kind === 'url') out.push(...urlSecrets(v))
   }
   return out

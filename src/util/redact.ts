@@ -1,3 +1,6 @@
+/** A secret is hidden on its own only from this length on: a shorter text would match ordinary words. */
+export const MIN_HIDDEN_LENGTH = 8
+
 /**
  * A URL as logs, error messages and the API show it. Hosted JSON-RPC providers put their
  * API key in the path (`/v3/<key>`), the query (`?apikey=`) or the userinfo, so a URL
@@ -26,8 +29,7 @@ export function urlSecrets(url: string): [text: string, shown: string][] {
   try {
     const u = new URL(url)
     out.set(u.href, shown)
-    // Long enough not to match ordinary text.
-    if (u.password.length >= 8) out.set(decodeURIComponent(u.password), '[redacted]')
+    if (u.password.length >= MIN_HIDDEN_LENGTH) out.set(decodeURIComponent(u.password), '[redacted]')
     u.username = ''
     u.password = ''
     out.set(u.href, shown)

@@ -43,6 +43,8 @@ t.test('secretTexts: every configured secret and credential-bearing URL', async 
   t.equal(texts.get('https://rpc.example.com/v3/PATHKEY'), 'https://rpc.example.com/[redacted]')
   t.notOk([...texts.keys()].some((k) => k.startsWith('https://cards.example.com')), 'a bare URL is not hidden')
   t.same(secretTexts(loadConfig({}).config), [], 'the defaults hold no secret')
+  const short = secretTexts(loadConfig({ env: { PAYGATE_MPP_CARD_PROVIDER_KEY: 'test' } }).config)
+  t.same(short, [], 'a secret too short to tell from ordinary text is not scrubbed from every line')
 })
 
 t.test('a hidden text never reaches a log line, whatever carries it', async (t) => {
