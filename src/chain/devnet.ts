@@ -506,8 +506,16 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (!tx || tx.blockNumber) pending.delete(h)
       }
     }
+    /** The newest block; what it mined is no longer pending. */
+    const latestMined = async (): Promise<{ number: string; timestamp: string; transactions: string[] }> => {
+      const b = (await raw('eth_getBlockByNumber', ['latest', false])) as { number: string; timestamp: string; transactions: string[] }
+      for (const h of b.transactions) pending.delete(h.toLowerCase())
+      return b
+    }
     /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
     const journalLine = (method: string, paramsJson: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}}`
+    /** One line for a run of calls of one method (see sendRawTransactions), replayed pipelined. */
+    const journalRun = (method: string, paramsJson: string[]): string => `{"m":${JSON.stringify(method)},"ps":[${paramsJson.join(',')}]}`
     const journalCall = (method: string, params: unknown[]): string => journalLine(method, JSON.stringify(params))
     let blocks = 0
     let tailEntries = 0
@@ -553,10 +561,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         })
         // What a block mined is no longer pending: one read per block here saves asking after
         // every replayed tx below (that took longer than the replay itself).
-        if (entry.m === 'evm_mine' && !rs[0]!.error) {
-          const b = (await raw('eth_getBlockByNumber', ['latest', false])) as { transactions: string[] }
-          for (const h of b.transactions) pending.delete(h.toLowerCase())
-        }
+        if (entry.m === 'evm_mine' && !rs[0]!.error) await latestMined()
       }
     }
     if (failures) log('journal replay finished with failures', { failures })
@@ -596,14 +601,11 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
 
     let minedWaiters: Array<() => void> = []
     const afterMine = async (): Promise<{ timestamp: number; txs: number }> => {
-      const b = (await raw('eth_getBlockByNumber', ['latest', false])) as { number: string; timestamp: string; transactions: string[] }
+      const b = await latestMined()
       const n = Number(b.number)
-      if (n - blocks > 1) {
-        // several blocks (anvil_mine): reconcile pending txs by asking
-        await dropMined()
-      }
+      // several blocks (anvil_mine): the earlier blocks' txs are found by asking
+      if (n - blocks > 1) await dropMined()
       blocks = n
-      for (const h of b.transactions) pending.delete(h.toLowerCase())
       const w = minedWaiters
       minedWaiters = []
       for (const f of w) f()
@@ -796,7 +798,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         })
         if (sent.length) {
           // one line for the run, so a replay can pipeline it too (the accepted ones, in order)
-          append(`{"m":"eth_sendRawTransaction","ps":[${sent.join(',')}]}`, sent.length)
+          append(journalRun('eth_sendRawTransaction', sent), sent.length)
           scheduleMine()
         }
         tailCostMs += performance.now() - t
