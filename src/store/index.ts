@@ -64,6 +64,8 @@ interface Logged {
   value: string | undefined
 }
 
+const decodeLogged = <T>(l: Logged): T | undefined => (l.value === undefined ? undefined : (JSON.parse(l.value) as T))
+
 class LevelCollection<T> implements Collection<T> {
   readonly prefix: string
   constructor(
@@ -75,7 +77,7 @@ class LevelCollection<T> implements Collection<T> {
   }
   async get(key: string): Promise<T | undefined> {
     const logged = this.store.logged(this.prefix + key)
-    if (logged) return logged.value === undefined ? undefined : (JSON.parse(logged.value) as T)
+    if (logged) return decodeLogged<T>(logged)
     return (await this.sub.get(key)) as T | undefined
   }
   async getMany(keys: string[]): Promise<(T | undefined)[]> {
@@ -87,7 +89,7 @@ class LevelCollection<T> implements Collection<T> {
       if (!logged) {
         miss.push(key)
         missAt.push(i)
-      } else out[i] = logged.value === undefined ? undefined : (JSON.parse(logged.value) as T)
+      } else out[i] = decodeLogged<T>(logged)
     })
     if (miss.length) (await this.sub.getMany(miss)).forEach((v, j) => (out[missAt[j]!] = v as T | undefined))
     return out

@@ -1,5 +1,8 @@
 import type { Readable } from 'node:stream'
 
+/** Why a stream closed before its end: its error, or the early close itself. */
+const closedEarly = (stream: Readable): Error => stream.errored ?? new Error('the stream was closed before it ended')
+
 /**
  * Read a stream into one buffer, failing with `tooLarge()` (and destroying the stream) past
  * `max` bytes. Listens for data and end directly: an async iterator costs several promise
@@ -9,7 +12,7 @@ export function collect(stream: Readable, max: number, tooLarge: () => Error): P
   if (stream.readableEnded) return Promise.resolve(Buffer.alloc(0))
   if (stream.destroyed) {
     stream.once('error', () => {}) // its error may still be on its way: it is reported here
-    return Promise.reject(stream.errored ?? new Error('the stream was closed before it ended'))
+    return Promise.reject(closedEarly(stream))
   }
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = []
@@ -40,7 +43,7 @@ export function collect(stream: Readable, max: number, tooLarge: () => Error): P
     }
     const onClose = (): void => {
       stop()
-      reject(stream.errored ?? new Error('the stream was closed before it ended'))
+      reject(closedEarly(stream))
     }
     stream.on('data', onData)
     stream.on('end', onEnd)
