@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process'
+import { readdirSync, readFileSync } from 'node:fs'
 import { once } from 'node:events'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
@@ -87,4 +88,59 @@ export async function spawnServer(script: string, env: Record<string, string> = 
   })
   const [line] = (await once(createInterface({ input: proc.stdout! }), 'line')) as [string]
   return { proc, url: (JSON.parse(line) as { url: string }).url }
+}
+
+const TICKS_PER_SEC = 100 // USER_HZ: the unit of /proc/<pid>/stat's CPU times on Linux
+
+/** `[ppid, CPU ms used so far]` of a process from /proc (all its threads), or null once it is gone. */
+function procStat(pid: number): [number, number] | null {
+  let text: string
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  } catch {
+    return null
+  }
+  // Fields after the command name (which may hold spaces): state, ppid, ..., utime (12th), stime (13th).
+  const f = text.slice(text.lastIndexOf(')') + 2).split(' ')
+  return [Number(f[1]), ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SEC]
+}
+
+/** The processes started under `pid`, at any depth (the embedded chain and its watchdog under a gateway). */
+export function descendants(pid: number): number[] {
+  const parent = new Map<number, number>()
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue
+    const s = procStat(Number(name))
+    if (s) parent.set(Number(name), s[0])
+  }
+  const out: number[] = []
+  const todo = [pid]
+  while (todo.length) {
+    const p = todo.pop()!
+    for (const [child, pp] of parent) if (pp === p) (out.push(child), todo.push(child))
+  }
+  return out
+}
+
+/** CPU ms used so far by each named group of processes (`'self'`: this process). */
+export function cpuTimes(groups: Record<string, number[] | 'self'>): Record<string, number> {
+  const out: Record<string, number> = {}
+  for (const [name, pids] of Object.entries(groups)) {
+    if (pids === 'self') {
+      const u = process.cpuUsage()
+      out[name] = (u.user + u.system) / 1000
+    } else out[name] = pids.reduce((sum, p) => sum + (procStat(p)?.[1] ?? 0), 0)
+  }
+  return out
+}
+
+/** CPU ms per call of each group between two `cpuTimes` readings, e.g. "gateway 1.012, chain 0.703", and their total. */
+export function cpuPerCall(before: Record<string, number>, after: Record<string, number>, calls: number): { text: string; total: number } {
+  let total = 0
+  const parts = Object.keys(after).map((k) => {
+    const ms = (after[k]! - (before[k] ?? 0)) / calls
+    total += ms
+    return `${k} ${fmt(ms, 3)}`
+  })
+  return { text: parts.join(', '), total }
 }

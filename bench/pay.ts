@@ -6,6 +6,7 @@
  * started again on its data dir, timed.
  */
 import { readFileSync, rmSync } from 'node:fs'
+import { availableParallelism } from 'node:os'
 import { join } from 'node:path'
 import { Pool } from 'undici'
 import { createPublicClient, http } from 'viem'
@@ -13,7 +14,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { paymentLedgerAbi } from '../src/chain/contracts/abis.js'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { fmt, gatewayNodeArgs, spawnServer, throughput, timeAlternating, timeSequential } from './lib.js'
+import { cpuPerCall, cpuTimes, descendants, fmt, gatewayNodeArgs, spawnServer, throughput, timeAlternating, timeSequential } from './lib.js'
 
 export async function benchPay(opts: { sequential: number; concurrent: number; maxMs: number }): Promise<void> {
   const dataDir = tempDir('paygate-bench-')
@@ -63,9 +64,16 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
 
   // Floor and paid calls alternate, so both series see the same moments of the machine.
   const [f, p] = await timeAlternating(opts.sequential, 2 * opts.maxMs, floor, paid)
+  // CPU time of each process per call, from /proc: where the cores go, and how many a rate needs.
+  const procs = { gateway: [gw.proc.pid!], chain: descendants(gw.proc.pid!), merchant: [merchant.pid!], callers: 'self' as const }
+  const c0 = cpuTimes(procs)
   const ft = await throughput(16, opts.concurrent, opts.maxMs, floor)
+  const c1 = cpuTimes(procs)
+  const paidBefore = payments
   const pt = await throughput(16, opts.concurrent, opts.maxMs, paid)
+  const c2 = cpuTimes(procs)
   const pm = await throughput(16, opts.concurrent, opts.maxMs, paidManyAgents)
+  const c3 = cpuTimes(procs)
   const drainStart = Date.now()
   let drained = false
   while (Date.now() - drainStart < 180_000) {
@@ -76,6 +84,7 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
     await new Promise((r) => setTimeout(r, 250))
   }
   const drainMs = Date.now() - drainStart
+  const c4 = cpuTimes(procs)
 
   console.log('\n== paid POST /v1/pay vs floor (two plain round trips to the same merchant; sequential calls alternate floor and paid) ==')
   console.log(`sequential: floor p50 ${fmt(f.p50, 3)} ms p99 ${fmt(f.p99, 3)} ms (n=${f.n}); paid p50 ${fmt(p.p50, 3)} ms p99 ${fmt(p.p99, 3)} ms (n=${p.n})`)
@@ -84,6 +93,21 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   console.log(`  one agent: ${fmt(pt.perSec, 0)} paid/s (n=${pt.n}); ratio to floor ${fmt(pt.perSec / ft.perSec)}x`)
   console.log(`  16 agents: ${fmt(pm.perSec, 0)} paid/s (n=${pm.n}); ratio to floor ${fmt(pm.perSec / ft.perSec)}x`)
   console.log(`ledger: all ${payments} payments counted by the contract: ${drained} (${drainMs} ms after the last payment)`)
+  const cpuFloor = cpuPerCall(c0, c1, ft.n)
+  const cpuOne = cpuPerCall(c1, c2, pt.n)
+  const cpuMany = cpuPerCall(c2, c3, pm.n)
+  // The chain's share is taken over both paid phases and the drain after them: it records each payment on its own time.
+  const chainMs = (c4.chain! - c1.chain!) / (payments - paidBefore)
+  const rest = cpuMany.total - (c3.chain! - c2.chain!) / pm.n
+  console.log('CPU ms per call, from /proc (all threads of each process):')
+  console.log(`  floor pair: ${cpuFloor.text}; total ${fmt(cpuFloor.total, 3)}`)
+  console.log(`  paid, one agent: ${cpuOne.text}; total ${fmt(cpuOne.total, 3)} (${fmt(cpuOne.total / cpuFloor.total)}x the floor pair)`)
+  console.log(`  paid, 16 agents: ${cpuMany.text}; total ${fmt(cpuMany.total, 3)} (${fmt(cpuMany.total / cpuFloor.total)}x the floor pair)`)
+  console.log(`  the chain per ledger record over both paid phases and the drain: ${fmt(chainMs, 3)}`)
+  console.log(
+    `  at these costs (16 agents, the chain's over the drain too) 2,000 paid/s needs ${fmt((2000 * (rest + chainMs)) / 1000, 1)} cores: ` +
+      `gateway ${fmt((2000 * ((c3.gateway! - c2.gateway!) / pm.n)) / 1000, 1)}, chain ${fmt((2000 * chainMs) / 1000, 1)}; this machine has ${availableParallelism()}`,
+  )
 
   await apool.close()
   await mpool.close()
