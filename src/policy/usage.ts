@@ -6,6 +6,14 @@
  */
 export const DAY_MS = 24 * 60 * 60 * 1000
 export const HOUR_MS = 60 * 60 * 1000
+const MINUTE_MS = 60_000
+
+/**
+ * Payment timestamps kept whatever the rate limit (at least; `commit` keeps the limit's
+ * `calls` when that is more), so a limit set or raised later is decided on exact times
+ * for the payments made before it, as far as these reach.
+ */
+export const EXACT_PAYMENTS = 64
 
 export interface Hold {
   id: string
@@ -20,12 +28,15 @@ export interface UsageState {
   /** Base units committed in the current period. */
   spent: string
   /**
-   * Timestamps (ms) of the most recent payments: at most as many as the rate limit allows
-   * (that is all a sliding-window decision needs), pruned to 24 h.
+   * Timestamps (ms) of the most recent payments, oldest first, pruned to 24 h: at most
+   * the larger of the rate limit's `calls` and `EXACT_PAYMENTS` when written (records of
+   * older versions hold at most the limit of their day). Every payment is also in the buckets.
    */
   payments: number[]
-  /** Payments per minute `[minuteStartMs, count]` for the trailing hour (`usedThisHour`). */
+  /** Payments per minute `[minuteStartMs, count]` for the trailing hour (`usedThisHour`, rate windows up to 1 h). */
   perMinute?: Buckets
+  /** Payments per hour `[hourStartMs, count]` for the trailing 24 h (the 24 h rate window). */
+  perHour?: Buckets
   /** Reservations of payments in flight. */
   holds?: Hold[]
   /** Calls served under an MPP session (no payment): a running total and `[hourStartMs, count]` for the trailing 24 h. */
@@ -43,10 +54,14 @@ export const heldAmount = (u: UsageState): bigint => (u.holds ?? []).reduce((s, 
 
 type Buckets = [number, number][]
 
-/** Count one event at `now` in `[startMs, count]` buckets of `sizeMs`, dropping buckets older than `horizonMs`. */
+/**
+ * Count one event at `now` in `[startMs, count]` buckets of `sizeMs`, dropping buckets that
+ * end before the trailing `horizonMs` (the one straddling its start stays: a window of that
+ * length ending later may still reach into it).
+ */
 function bump(buckets: Buckets | undefined, now: number, sizeMs: number, horizonMs: number): Buckets {
   const start = now - (now % sizeMs)
-  const kept = (buckets ?? []).filter(([b]) => b > now - horizonMs)
+  const kept = (buckets ?? []).filter(([b]) => b + sizeMs > now - horizonMs)
   const last = kept[kept.length - 1]
   if (last && last[0] === start) kept[kept.length - 1] = [start, last[1] + 1]
   else kept.push([start, 1])
@@ -60,10 +75,34 @@ const sumWithin = (buckets: Buckets | undefined, now: number, horizonMs: number)
 /** Payment calls in the trailing 60 minutes, to the minute. */
 export const paymentsThisHour = (u: UsageState, now: number): number => sumWithin(u.perMinute, now, HOUR_MS)
 
-/** Payments made in the trailing window ending at `now` (exact, from the kept timestamps). */
-export const paymentsWithin = (u: UsageState, now: number, windowMs: number): number => {
+/**
+ * Payments made in the window `(now - windowMs, now]` (up to 24 h), for the rate decision,
+ * whatever the limit was when they were made.
+ *
+ * Exact when the kept timestamps reach back to the window start: every payment after the
+ * oldest kept one is kept. That always holds while a limit has stood: `commit` keeps at
+ * least `calls` timestamps, so a window they do not reach back across already holds `calls`.
+ * Payments older than the oldest kept timestamp (dropped under a lower or no limit) are
+ * counted from buckets, minute buckets for windows up to 1 h and hour buckets for 24 h, a
+ * bucket straddling the window start counted whole. So the count may include up to one bucket
+ * (1 min, or 1 h for 24 h) of payments from just before the window, never fewer than were
+ * made in it: at worst a payment is rejected early, never let over the limit.
+ */
+export function paymentsWithin(u: UsageState, now: number, windowMs: number): number {
+  const from = now - windowMs
+  const kept = u.payments
   let n = 0
-  for (const t of u.payments) if (t > now - windowMs && t <= now) n++
+  for (const t of kept) if (t > from && t <= now) n++
+  const oldest = kept.length > 0 ? kept[0]! : Infinity
+  if (oldest <= from) return n
+  const [buckets, size] = windowMs <= HOUR_MS ? [u.perMinute, MINUTE_MS] : [u.perHour, HOUR_MS]
+  for (const [b, c] of buckets ?? []) {
+    if (b + size <= from || b > now || b > oldest) continue
+    // Only the bucket holding the oldest kept timestamp also holds kept ones (counted above).
+    let counted = 0
+    while (counted < kept.length && kept[counted]! < b + size) counted++
+    n += Math.max(0, c - counted)
+  }
   return n
 }
 
@@ -75,20 +114,23 @@ export const release = (u: UsageState, id: string): UsageState => ({ ...u, holds
 
 /**
  * Turn a reservation into spend at `now`: a payment opens a new period when none is
- * active, adds to spend, and is counted for the rate window. `keep` is how many recent
- * timestamps to keep (the rate limit's `calls`; usage stays small at any payment rate).
+ * active, adds to spend, and is counted for the rate window. `calls` is the rate limit's
+ * (0 with none): that many recent timestamps, at least `EXACT_PAYMENTS`, are kept, and
+ * 61 minute and 25 hour buckets, so usage stays small at any payment rate.
  */
-export function commit(u: UsageState, id: string, now: number, keep: number): UsageState {
+export function commit(u: UsageState, id: string, now: number, calls: number): UsageState {
   const h = (u.holds ?? []).find((x) => x.id === id)
   if (!h) return u
   const active = periodActive(u, now)
-  const perMinute = bump(u.perMinute, now, 60_000, HOUR_MS)
-  const recent = [...u.payments.filter((t) => t > now - DAY_MS), now]
+  const keep = Math.max(calls, EXACT_PAYMENTS)
+  const recent = u.payments.filter((t) => t > now - DAY_MS)
+  recent.push(now)
   return {
     periodStart: active ? u.periodStart : now,
     spent: ((active ? BigInt(u.spent) : 0n) + BigInt(h.amount)).toString(),
-    payments: keep > 0 ? recent.slice(-keep) : [],
-    perMinute,
+    payments: recent.length > keep ? recent.slice(-keep) : recent,
+    perMinute: bump(u.perMinute, now, MINUTE_MS, HOUR_MS),
+    perHour: bump(u.perHour, now, HOUR_MS, DAY_MS),
     holds: (u.holds ?? []).filter((x) => x.id !== id),
     ...(u.sessionCalls ? { sessionCalls: u.sessionCalls } : {}),
   }

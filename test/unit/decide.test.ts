@@ -1,7 +1,7 @@
 import t from 'tap'
 import { decide, CHECK_ORDER } from '../../src/policy/decide.js'
 import { defaultPolicy, mergePolicy } from '../../src/policy/model.js'
-import { commit, emptyUsage, hold, release, usedToday, paymentsThisHour, DAY_MS, type UsageState } from '../../src/policy/usage.js'
+import { commit, emptyUsage, hold, release, usedToday, paymentsThisHour, DAY_MS, EXACT_PAYMENTS, type UsageState } from '../../src/policy/usage.js'
 
 const now = Date.parse('2026-06-01T00:00:00Z')
 const policy = (body: object) => mergePolicy(defaultPolicy(), body, 'a')
@@ -75,15 +75,19 @@ t.test('rate limit counts payments and in-flight holds in a sliding window', asy
   t.equal(decide(p, u, { host: 'x.com', amount: 1n }, now + 30_001).ok, true, 'the window slides')
 })
 
-t.test('usage stays small: timestamps capped at the rate limit, minute buckets for the hour', async (t) => {
+t.test('usage stays small: timestamps capped, minute buckets for the hour, hour buckets for the day', async (t) => {
   let u = emptyUsage()
   for (let i = 0; i < 500; i++) {
     u = commit(hold(u, { id: `p${i}`, amount: '1', at: now + i * 1000 }), `p${i}`, now + i * 1000, 3)
   }
-  t.equal(u.payments.length, 3, 'only as many timestamps as the rate limit needs')
-  t.same(u.payments, [now + 497_000, now + 498_000, now + 499_000])
+  t.equal(u.payments.length, EXACT_PAYMENTS, 'a small limit keeps the fixed number of timestamps')
+  t.same(u.payments.slice(-3), [now + 497_000, now + 498_000, now + 499_000], 'the newest ones, oldest first')
   t.ok((u.perMinute ?? []).length <= 61, 'at most an hour of minute buckets')
+  t.ok((u.perHour ?? []).length <= 25, 'at most a day of hour buckets')
   t.equal(paymentsThisHour(u, now + 499_000), 500 - 0, 'all 500 fell within the trailing hour')
   t.equal(paymentsThisHour(u, now + 499_000 + 3_600_000), 0)
-  t.equal(commit(hold(emptyUsage(), { id: 'x', amount: '1', at: now }), 'x', now, 0).payments.length, 0, 'no rate limit: no timestamps kept')
+  t.equal(commit(u, 'none', now + 500_000, 0), u, 'no such hold: unchanged')
+  let big = emptyUsage()
+  for (let i = 0; i < 300; i++) big = commit(hold(big, { id: `p${i}`, amount: '1', at: now + i }), `p${i}`, now + i, 200)
+  t.equal(big.payments.length, 200, 'a limit above the fixed number keeps as many as it allows')
 })
