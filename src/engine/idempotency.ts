@@ -19,6 +19,25 @@ export function requestDigest(parts: { url: string; method: string; headers: Rec
   return h.digest('hex') + (parts.parentTxHash ?? '')
 }
 
+/** Errors that are never stored: the service's own trouble, or a key in use. */
+const NEVER_STORED: ReadonlySet<string> = new Set(['internal_error', 'unavailable', 'idempotency_conflict'])
+
+/**
+ * For any caller of `engine.pay`: `upstream_unreachable` means nothing was signed, so nothing
+ * can have been paid. The engine raises it only for its unpaid sends (the first request, a
+ * refetched 402, a session call); a failed send of a payment is a retried delivery that ends
+ * in `payment_failed`. Such an error is not stored: the same key runs again.
+ */
+export const unreached = (e: PaygateError): boolean => e.code === 'upstream_unreachable'
+
+/**
+ * `unreached`, plus a 402 that could not be read (`payment_protocol_error` naming no
+ * transaction; a payment the target refused as malformed names its `transactionId`). Only
+ * for a caller whose own code raises nothing once a payment is made (`POST /v1/pay`): the
+ * proxy's read of a paid answer can fail with that code, and that must be stored.
+ */
+export const nothingSigned = (e: PaygateError): boolean => unreached(e) || (e.code === 'payment_protocol_error' && e.extra.transactionId === undefined)
+
 /**
  * Idempotency keys per agent, kept `ttlMs`. The same key with the same request returns
  * the stored result; a racing second call waits for the first; another request under the
@@ -36,14 +55,17 @@ export class Idempotency {
     this.results = store.collection('idempotency')
   }
 
-  /** `fn`'s result must be plain JSON; a stored definite error is thrown again on replay. */
-  async run<T>(agentId: string, key: string, hash: string, fn: () => Promise<T>): Promise<T> {
+  /**
+   * `fn`'s result must be plain JSON; a stored definite error is thrown again on replay.
+   * `unpaid` picks the errors after which nothing can have been paid: they are not stored.
+   */
+  async run<T>(agentId: string, key: string, hash: string, fn: () => Promise<T>, unpaid: (e: PaygateError) => boolean = unreached): Promise<T> {
     const k = `${agentId}\x00${key}`
     const running = this.inflight.get(k)
     if (running) {
       if (running.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey is in use by a different request')
       await running.done.catch(() => undefined)
-      return this.run(agentId, key, hash, fn)
+      return this.run(agentId, key, hash, fn, unpaid)
     }
     // Claim the key before the first await, so a racing call with the same key waits for this one.
     const done = (async () => {
@@ -59,9 +81,11 @@ export class Idempotency {
         await this.results.put(k, { hash, createdAt: this.clock.now(), result: r })
         return r
       } catch (e) {
-        // A definite answer is a result too (a rejection, a failed payment whose reservation may
-        // still be held): replays see it and never pay again. Internal errors are not stored.
-        if (e instanceof PaygateError && !['internal_error', 'unavailable', 'idempotency_conflict'].includes(e.code)) {
+        // A definite answer is a result too: a rejection, or a failed payment (`payment_failed`:
+        // a payment was attempted, it may yet settle and its reservation may still be held), so
+        // replays see it and never pay again. Internal errors are not stored, nor errors raised
+        // before anything was signed (the target down, its 402 unreadable): a retry may succeed.
+        if (e instanceof PaygateError && !NEVER_STORED.has(e.code) && !unpaid(e)) {
           await this.results.put(k, { hash, createdAt: this.clock.now(), result: { error: { code: e.code, detail: e.detail, extra: e.extra } } })
         }
         throw e

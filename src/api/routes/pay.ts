@@ -1,7 +1,8 @@
+import type { Readable } from 'node:stream'
 import type { PaymentEngine } from '../../engine/engine.js'
-import { requestDigest, type Idempotency } from '../../engine/idempotency.js'
-import { readBody } from '../../engine/upstream.js'
+import { nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
+import { collect } from '../../util/collect.js'
 import { usdc } from '../../util/money.js'
 import { validateAgentId } from '../../agents/registry.js'
 import { onlyFields } from '../http.js'
@@ -10,6 +11,11 @@ import { requireAgentAccess, type Reply, type Route } from '../router.js'
 const METHODS = new Set(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS'])
 /** Hop-by-hop and transport headers a caller may not set for the target. */
 const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length'])
+/** Headers undici refuses to send (it throws before connecting); those it also refuses and that are hop-by-hop are STRIPPED. */
+const REFUSED = new Set(['expect'])
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+/** RFC 9110 field-value as undici sends it: visible ASCII, space, tab, and obs-text (0x80-0xFF, sent as those bytes). */
+const BAD_VALUE_CHAR = /[^\t\x20-\x7e\x80-\xff]/
 const MAX_DATA_BYTES = 10 * 1024 * 1024
 
 interface PayBody {
@@ -40,8 +46,15 @@ function parsePay(raw: unknown): PayBody {
   if (b.headers !== undefined) {
     if (typeof b.headers !== 'object' || b.headers === null || Array.isArray(b.headers)) throw invalid('headers', 'headers must be an object of strings')
     for (const [k, v] of Object.entries(b.headers)) {
-      if (typeof v !== 'string' || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(k) || /[\r\n]/.test(v)) throw invalid(`headers.${k}`, `header ${k} must be a valid name with a string value`)
-      if (!STRIPPED.has(k.toLowerCase())) headers[k.toLowerCase()] = v
+      if (typeof v !== 'string' || !HEADER_NAME.test(k)) throw invalid(`headers.${k}`, `header ${k} must be a valid name with a string value`)
+      const bad = BAD_VALUE_CHAR.exec(v)
+      if (bad) {
+        const char = `U+${bad[0].codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`
+        throw invalid(`headers.${k}`, `header ${k} has ${char} at index ${bad.index}: a value may hold visible ASCII, space, tab and Latin-1 characters (U+0080 to U+00FF) only`)
+      }
+      const name = k.toLowerCase()
+      if (REFUSED.has(name)) throw invalid(`headers.${k}`, `header ${k} cannot be sent: Paygate sends the request body at once and handles the target's 1xx answers itself`)
+      if (!STRIPPED.has(name)) headers[name] = v
     }
   }
   let body: Buffer | null = null
@@ -78,6 +91,25 @@ function parseData(body: Buffer, contentType: string | string[] | undefined): un
   return text
 }
 
+/** Why `data` is null in an answer whose target body could not be read. */
+type DataError = { error: 'upstream_body_too_large' | 'upstream_body_lost'; detail: string }
+
+/** The target's body, up to MAX_DATA_BYTES, or why it cannot be had (the read error kept in `detail`). */
+async function readData(body: Readable): Promise<{ data: Buffer } | DataError> {
+  let tooLarge = false
+  try {
+    return {
+      data: await collect(body, MAX_DATA_BYTES, () => {
+        tooLarge = true
+        return new Error('too large')
+      }),
+    }
+  } catch (e) {
+    if (tooLarge) return { error: 'upstream_body_too_large', detail: `the target's answer exceeds ${MAX_DATA_BYTES} bytes, the most POST /v1/pay returns` }
+    return { error: 'upstream_body_lost', detail: `the target's answer broke off before its end: ${(e as Error).message}` }
+  }
+}
+
 /** `POST /v1/pay`: the payment engine behind the API, with idempotency keys. */
 export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
   async function run(p: PayBody): Promise<Reply> {
@@ -86,9 +118,13 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
       out.response.body.resume()
       throw out.unpaid
     }
-    const data = parseData(await readBody(out.response.body, MAX_DATA_BYTES).catch(() => {
-      throw new PaygateError('payment_failed', `the target's answer exceeds ${MAX_DATA_BYTES} bytes`)
-    }), out.response.headers['content-type'])
+    const read = await readData(out.response.body)
+    // The engine accounted for this call (paid, served under a session, or sent an authorization
+    // it still holds): the answer stands with `data: null` and why, and an idempotent replay
+    // returns it, never paying again. A call that was only relayed is an error, free to retry.
+    const accounted = out.payment !== null || out.session !== undefined || ('held' in out && out.held !== undefined)
+    if ('error' in read && !accounted) throw new PaygateError('upstream_unreachable', read.detail, { reason: read.error })
+    const data = 'data' in read ? parseData(read.data, out.response.headers['content-type']) : null
     const pay = out.payment
     return {
       status: 200,
@@ -98,6 +134,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         txHash: pay?.txHash ?? null,
         status: out.response.status,
         data,
+        ...('error' in read ? { dataError: read } : {}),
         ...(out.session ? { session: 'reused' } : {}),
         ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: pay.settlement ? { success: pay.settlement.success, transaction: pay.settlement.transaction, network: pay.settlement.network } : null } : {}),
       },
@@ -112,7 +149,8 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         const p = parsePay(await ctx.body())
         requireAgentAccess(ctx.identity, p.agentId)
         if (!p.idempotencyKey) return run(p)
-        return idem.run(p.agentId, p.idempotencyKey, requestDigest(p), () => run(p))
+        // run() raises nothing once a payment is made, so an unreadable 402 is not stored either.
+        return idem.run(p.agentId, p.idempotencyKey, requestDigest(p), () => run(p), nothingSigned)
       },
     },
   ]
