@@ -21,6 +21,7 @@ import { join } from 'node:path'
 import type { Config } from '../config/load.js'
 import { PaygateError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
+import type { TokenDomain } from '../protocols/types.js'
 import type { Collection } from '../store/index.js'
 import { parseDecimal } from '../util/money.js'
 import { KeyedMutex } from '../util/mutex.js'
@@ -38,6 +39,8 @@ export interface ChainInfo {
   /** As shown (logs, `GET /v1/chain`): an external URL with credentials, a path or a query is its origin alone. */
   rpcUrl: string
   token: Address
+  /** The token's EIP-712 domain name and version, as the token reports them (read at start). */
+  tokenDomain: TokenDomain
   ledger: Address
 }
 
@@ -150,6 +153,7 @@ export class Chain {
       const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval })
 
       let deployment: Deployment
+      let tokenDomain: TokenDomain
       if (devnet) {
         // Topped up only when low: a write here would be journalled on every start and
         // force a full chain snapshot at every shutdown.
@@ -157,16 +161,21 @@ export class Chain {
           if ((await publicClient.getBalance({ address: a })) < 10n ** 23n) await setNativeBalance(publicClient, a, 10n ** 24n)
         }
         deployment = await embeddedDeployment(publicClient, walletClient, signer, minter!.address, meta, c.chainId, log)
+        tokenDomain = await readTokenDomain(publicClient, deployment.token, c.chainId)
       } else {
         deployment = { token: c.token!, ledger: c.ledger!, deployedAt: '' }
         for (const [name, addr] of [['chain.token', c.token!], ['chain.ledger', c.ledger!]] as const) {
           const code = await publicClient.getCode({ address: addr })
           if (!code || code === '0x') throw new PaygateError('invalid_config', `${name} = ${addr}: no contract there on chain ${c.chainId}`)
         }
-        const recorder = await publicClient.readContract({ address: c.ledger!, abi: paymentLedgerAbi, functionName: 'isRecorder', args: [signer.address] })
+        let recorder: boolean
+        ;[recorder, tokenDomain] = await Promise.all([
+          publicClient.readContract({ address: c.ledger!, abi: paymentLedgerAbi, functionName: 'isRecorder', args: [signer.address] }),
+          readTokenDomain(publicClient, c.token!, c.chainId),
+        ])
         if (!recorder) log.warn({ signer: signer.address, ledger: c.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
       }
-      const info: ChainInfo = { network, chainId: c.chainId, rpcUrl: shownUrl(rpcUrl), token: deployment.token, ledger: deployment.ledger }
+      const info: ChainInfo = { network, chainId: c.chainId, rpcUrl: shownUrl(rpcUrl), token: deployment.token, tokenDomain, ledger: deployment.ledger }
       log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
       return new Chain(info, !!devnet, publicClient, walletClient, signer, new FastSigner(signerKey), devnet, minter)
     } catch (e) {
@@ -232,6 +241,50 @@ export class Chain {
 
   async close(): Promise<void> {
     await this.devnet?.close()
+  }
+}
+
+/** EIP-5267 `fields` of the only domain shape Paygate signs EIP-3009 over: name, version, chainId, verifyingContract. */
+const SIGNABLE_DOMAIN_FIELDS = 0x0f
+
+const firstLine = (e: unknown): string => String((e as Error)?.message ?? e).split('\n')[0]!
+
+/**
+ * The token's EIP-712 domain name and version, asked once at start: EIP-5267
+ * `eip712Domain()` when the token has it, else `name()` and `version()` (Circle's
+ * FiatToken has no EIP-5267; Base Sepolia USDC answers "USDC"/"2", Base USDC "USD
+ * Coin"/"2"). Authorizations signed over any other domain revert at settlement, so a
+ * token that answers neither, or whose domain has another shape, stops the start.
+ */
+export async function readTokenDomain(client: PublicClient, token: Address, chainId: number): Promise<TokenDomain> {
+  const where = `chain.token = ${token}`
+  let reported: readonly [Hex, string, string, bigint, Address, Hex, readonly bigint[]] | null = null
+  try {
+    reported = await client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'eip712Domain' })
+  } catch {
+    // No EIP-5267 (a revert or an unreadable answer): the token's name() and version() say it.
+  }
+  if (reported) {
+    const [fields, name, version, domainChainId, verifyingContract] = reported
+    if (Number(fields) !== SIGNABLE_DOMAIN_FIELDS || domainChainId !== BigInt(chainId) || verifyingContract.toLowerCase() !== token.toLowerCase()) {
+      throw new PaygateError(
+        'invalid_config',
+        `${where}: its EIP-712 domain (fields ${fields}, chainId ${domainChainId}, verifyingContract ${verifyingContract}) is not {name, version, chainId ${chainId}, verifyingContract ${token}}: EIP-3009 authorizations cannot be signed for it`,
+      )
+    }
+    return { name, version }
+  }
+  try {
+    const [name, version] = await Promise.all([
+      client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'name' }),
+      client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'version' }),
+    ])
+    return { name, version }
+  } catch (e) {
+    throw new PaygateError(
+      'invalid_config',
+      `${where} answers neither eip712Domain() nor name() and version() on chain ${chainId}, so its EIP-712 domain is unknown: is it an EIP-3009 token? (${firstLine(e)})`,
+    )
   }
 }
 

@@ -60,12 +60,23 @@ export interface Detection {
   recognized: boolean
 }
 
+/** The `name` and `version` of a token's EIP-712 domain (chainId and verifyingContract come from the chain). */
+export interface TokenDomain {
+  name: string
+  version: string
+}
+
 /** The chain and token Paygate pays with. */
 export interface PayableChain {
   chainId: number
   /** Paygate's name for the network (e.g. `base-mainnet`, `paygate-devnet`). */
   networkName: string
   token: Address
+  /**
+   * The token's own EIP-712 domain, read from the token at start: EIP-3009 authorizations
+   * for offers that name no domain (`extra`) are signed over it.
+   */
+  tokenDomain: TokenDomain
 }
 
 /** EIP-3009 TransferWithAuthorization fields. */

@@ -37,6 +37,7 @@ import type {
   PayableChain,
   Problem,
   Settlement,
+  TokenDomain,
 } from './types.js'
 
 export type X402Shape = 'x402-v1' | 'x402-v2' | 'spec-simple' | 'spec-accepts'
@@ -536,13 +537,14 @@ export function transferTypedData(
 /**
  * EIP-712 TransferWithAuthorization typed data for viem `signTypedData` /
  * `hashTypedData`. Domain name/version come from the offer's `extra` (what the
- * merchant's facilitator verifies against), else from `fallbackDomain` (the token's own).
+ * merchant's facilitator verifies against), else from `fallbackDomain`: the token's own,
+ * as the token reports it (`PayableChain.tokenDomain`; the spec's simple shape names none).
  */
 export function typedData(
   offer: Offer,
   auth: Eip3009Authorization,
   chainId: number,
-  fallbackDomain: { name: string; version: string },
+  fallbackDomain: TokenDomain,
 ): TransferWithAuthorizationTypedData {
   return transferTypedData(auth, {
     name: offer.extra.name ?? fallbackDomain.name,
@@ -681,7 +683,8 @@ function putUint(buf: Buffer, at: number, v: bigint): void {
 }
 
 /**
- * The EIP-712 digest of `typedData(...)`, computed directly (domain separators cached):
+ * The EIP-712 digest of `typedData(...)`, computed directly (domain separators cached,
+ * keyed by the whole domain: name, version, chainId and verifyingContract):
  * the same 32 bytes as viem's `hashTypedData`, at a fraction of the cost on the paid path.
  */
 export function typedDataDigest(td: TransferWithAuthorizationTypedData): Hex {

@@ -21,6 +21,10 @@ import {
 } from '../../src/protocols/x402.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../src/protocols/types.js'
 import { PaygateError } from '../../src/errors/index.js'
+import { FastSigner } from '../../src/crypto/secp256k1.js'
+import { X402Adapter, eip3009Of, newNonce, signChainTransfer } from '../../src/engine/adapters/x402.js'
+import type { PayRequest } from '../../src/engine/adapters/types.js'
+import { isEip3009, type StoredAuthorization } from '../../src/ledger/transactions.js'
 
 /**
  * Captured from the official packages (x402 / x402-express / x402-fetch 1.2.0 and
@@ -83,10 +87,11 @@ const v2Required = (accepts: unknown[], extra: Record<string, unknown> = {}) => 
   accepts,
   ...extra,
 })
-const chainOf = (chainId: number, token: `0x${string}` = TOKEN, networkName = 'paygate-devnet'): PayableChain => ({
+const chainOf = (chainId: number, token: `0x${string}` = TOKEN, networkName = 'paygate-devnet', tokenDomain = DOMAIN): PayableChain => ({
   chainId,
   networkName,
   token,
+  tokenDomain,
 })
 const b64 = (v: unknown) => Buffer.from(JSON.stringify(v)).toString('base64')
 const only = (d: { offers: Offer[] }): Offer => {
@@ -113,8 +118,8 @@ t.test('official v1 402 body (x402-express 1.2.0)', async (t) => {
     extra: { name: 'USD Coin', version: '2' },
     index: 0,
   })
-  t.equal(isPayable(o, { chainId: 84532, networkName: 'x', token: o.asset }), true)
-  t.equal(isPayable(o, { chainId: 8453, networkName: 'x', token: o.asset }), false)
+  t.equal(isPayable(o, { chainId: 84532, networkName: 'x', token: o.asset, tokenDomain: DOMAIN }), true)
+  t.equal(isPayable(o, { chainId: 8453, networkName: 'x', token: o.asset, tokenDomain: DOMAIN }), false)
   t.equal(sameOrigin(o, official.v1.requestUrl), true)
 })
 
@@ -610,4 +615,39 @@ t.test('typedDataDigest equals viem hashTypedData', async (t) => {
   t.equal(bad, 0, '300 random typed data')
   const over = transferTypedData({ from: PAY_TO, to: PAY_TO, value: 2n ** 256n, validAfter: 0n, validBefore: 1n, nonce: `0x${'11'.repeat(32)}` }, { name: 'USD Coin', version: '2', chainId: 1, verifyingContract: TOKEN })
   t.throws(() => typedDataDigest(over), PaygateError, 'a value over uint256 is refused')
+})
+
+t.test('offers that name no domain are signed over the chain token\'s own domain (PayableChain.tokenDomain); extra still wins', async (t) => {
+  const key = generatePrivateKey()
+  const account = privateKeyToAccount(key)
+  const fast = new FastSigner(key)
+  const wallet = { address: account.address, signDigest: (d: Hex) => fast.signDigest65(d) }
+  const req: PayRequest = { agentId: 'a', url: 'https://shop.test/paid', method: 'GET', headers: {}, body: null }
+  const simple = { scheme: 'exact', network: 'base-sepolia', token: TOKEN, amount: '10000', payTo: PAY_TO, resource: 'https://shop.test/paid' }
+  // Base Sepolia USDC's domain is "USDC"/"2", Base USDC's "USD Coin"/"2" (FACTS.md).
+  const usdc = { name: 'USDC', version: '2' }
+  const signedBy = async (stored: StoredAuthorization, domain: { name: string; version: string }) => {
+    if (!isEip3009(stored)) throw new Error('expected an EIP-3009 authorization')
+    return recoverTypedDataAddress({ ...transferTypedData(eip3009Of(stored), { ...domain, chainId: 84532, verifyingContract: TOKEN }), signature: stored.signature as Hex })
+  }
+  const signX402 = (body: unknown, chain: PayableChain) => {
+    const d = new X402Adapter(null as never).detect(answer(body), req, chain)
+    if (!d.present || !d.plan?.prepare) throw new Error('expected an x402 plan')
+    return d.plan.prepare({ req, txId: 'tx', wallet, nowMs: Date.now() }).sign()
+  }
+
+  for (const domain of [usdc, DOMAIN, { name: 'Some Token', version: '7' }]) {
+    const chain = chainOf(84532, TOKEN, 'base-sepolia', domain)
+    const name = `${domain.name}/${domain.version}`
+    const spec = signX402(simple, chain)
+    t.equal(await signedBy(spec, domain), account.address, `spec-simple signed over the token's ${name}`)
+    for (const other of [usdc, DOMAIN].filter((o) => o.name !== domain.name)) t.not(await signedBy(spec, other), account.address, `not over ${other.name} on a ${name} token`)
+    // The MPP adapters sign through signChainTransfer: the same domain.
+    const auth = { from: account.address, to: PAY_TO, value: 5n, validAfter: 0n, validBefore: 1_900_000_000n, nonce: newNonce() }
+    t.equal(await signedBy(signChainTransfer(wallet, auth, chain), domain), account.address, `signChainTransfer over the token's ${name}`)
+  }
+  // An offer's own extra {name, version} wins for that offer, whatever the token reported.
+  const chain = chainOf(84532, TOKEN, 'base-sepolia', usdc)
+  t.equal(await signedBy(signX402({ ...simple, extra: { name: 'USD Coin', version: '2' } }, chain), DOMAIN), account.address, 'spec-simple with extra')
+  t.equal(await signedBy(signX402({ x402Version: 1, accepts: [v1Entry()] }, chain), DOMAIN), account.address, 'x402 v1 with extra')
 })

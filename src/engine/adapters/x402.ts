@@ -5,9 +5,6 @@ import type { Upstream } from '../upstream.js'
 import { randomHex } from '../../util/random.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './types.js'
 
-/** The token's own EIP-712 domain, used when an offer names none. */
-export const TOKEN_DOMAIN = { name: 'USD Coin', version: '2' } as const
-
 /** The EIP-3009 nonce: 32 bytes from the pooled CSPRNG. */
 export const newNonce = (): `0x${string}` => `0x${randomHex(32)}`
 
@@ -28,9 +25,9 @@ export function storedEip3009(auth: Eip3009Authorization, signature: `0x${string
   return { ...authorizationJson(auth), signature }
 }
 
-/** Sign `auth` in the configured chain's own token (for offers that name no EIP-712 domain). */
+/** Sign `auth` in the configured chain's own token, over the domain the token reported at start (for offers that name none). */
 export function signChainTransfer(wallet: SigningWallet, auth: Eip3009Authorization, chain: PayableChain): StoredAuthorization {
-  const domain = { ...TOKEN_DOMAIN, chainId: chain.chainId, verifyingContract: chain.token }
+  const domain = { name: chain.tokenDomain.name, version: chain.tokenDomain.version, chainId: chain.chainId, verifyingContract: chain.token }
   return storedEip3009(auth, wallet.signDigest(typedDataDigest(transferTypedData(auth, domain))))
 }
 
@@ -60,7 +57,7 @@ export class X402Adapter implements ProtocolAdapter {
       const auth = authorizationFor(offer, { from: wallet.address, nonce: newNonce(), nowSeconds: nowMs / 1000 })
       return {
         unsigned: storedEip3009(auth, '' as `0x${string}`),
-        sign: () => storedEip3009(auth, wallet.signDigest(typedDataDigest(typedData(offer, auth, chain.chainId, TOKEN_DOMAIN)))),
+        sign: () => storedEip3009(auth, wallet.signDigest(typedDataDigest(typedData(offer, auth, chain.chainId, chain.tokenDomain)))),
       }
     }
     return {
