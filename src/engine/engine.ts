@@ -19,11 +19,12 @@ import { SESSION_HEADER } from '../protocols/mpp.js'
 import type { HttpAnswer, PayableChain, ProtocolName, Settlement } from '../protocols/types.js'
 import type { Clock } from '../util/clock.js'
 import { formatUnits, toUsdcNumber } from '../util/money.js'
+import { collectUpTo } from '../util/collect.js'
 import { KeyedMutex } from '../util/mutex.js'
 import type { Wallets } from '../wallet/wallets.js'
 import type { MppAdapter } from './adapters/mpp.js'
 import { Balances } from './balances.js'
-import type { Delivery, PayRequest, Plan, ProtocolAdapter } from './adapters/types.js'
+import type { Delivery, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './adapters/types.js'
 import { readBody, UpstreamError, type Upstream, type UpstreamResponse } from './upstream.js'
 
 export type { PayRequest } from './adapters/types.js'
@@ -49,6 +50,11 @@ export interface PayOutcome {
   payment: PaymentInfo | null
   unpaid?: PaygateError
   session?: { protocol: 'mpp' }
+  /**
+   * A payment was sent but the target answered 400 or more and the chain shows it unsettled:
+   * nothing is paid now, and the reservation stays held until the authorization expires.
+   */
+  held?: { transactionId: string }
 }
 
 /** What `begin` looked up for one request; `resume` carries on from it. */
@@ -89,7 +95,25 @@ const MAX_ATTEMPTS = 3
 const RESEND_MARGIN_MS = 6_000
 const BUDGET_WARNING_PCT = 80
 
-const answerStream = (a: HttpAnswer): UpstreamResponse => ({ status: a.status, headers: a.headers, body: Readable.from([a.body]) })
+/**
+ * A 402 as the adapters read it: its body up to MAX_402_BODY. A longer body is not read for
+ * offers (offers in headers still are, so a large HTML page never hides them) and is passed
+ * on whole (`whole`) when the 402 is not paid, or dropped (`drop`) when it is.
+ */
+async function read402(res: UpstreamResponse): Promise<{ answer: HttpAnswer; cut: boolean; whole(): UpstreamResponse; drop(): void }> {
+  const { head, rest } = await collectUpTo(res.body, MAX_402_BODY)
+  return {
+    answer: { status: 402, headers: res.headers, body: rest ? Buffer.alloc(0) : head },
+    cut: rest !== null,
+    whole: () => ({ status: 402, headers: res.headers, body: rest ? Readable.from(joined(head, rest)) : Readable.from([head]) }),
+    drop: () => rest?.destroy(),
+  }
+}
+
+async function* joined(head: Buffer, rest: Readable): AsyncGenerator<Buffer> {
+  yield head
+  for await (const c of rest) yield c as Buffer
+}
 const lostAnswer = (): UpstreamResponse => ({ status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) })
 /** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
 const sessionRefused = (status: number): boolean => status === 401 || status === 402
@@ -108,6 +132,9 @@ function attempt<T>(fn: () => T): Result<T> {
     return { ok: false, error }
   }
 }
+const chainSilent = (e: unknown): never => {
+  throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
+}
 const expiryMs = (a: StoredAuthorization): number => (isEip3009(a) ? Number(a.validBefore) * 1000 : a.expiresAt)
 
 /**
@@ -120,6 +147,8 @@ export class PaymentEngine {
   private readonly balances: Balances
   /** Per agent and service origin: one MPP session negotiation at a time. */
   private readonly negotiations = new KeyedMutex()
+  /** Payments whose nonce the offer fixes, one at a time per agent and nonce. */
+  private readonly fixedNonces = new KeyedMutex()
   /** Transactions whose outcome this process is still working on (the reconciler skips them). */
   readonly inFlight = new Set<string>()
 
@@ -145,8 +174,8 @@ export class PaymentEngine {
   }
 
   get payable(): PayableChain {
-    const { chainId, network, token } = this.d.chain.info
-    return { chainId, networkName: network, token }
+    const { chainId, network, token, tokenDomain } = this.d.chain.info
+    return { chainId, networkName: network, token, tokenDomain }
   }
 
   async pay(request: PayRequest): Promise<PayOutcome> {
@@ -205,21 +234,26 @@ export class PaymentEngine {
     }
     if (first.status !== 402) return { response: first, payment: null }
 
-    let answer: HttpAnswer = { status: 402, headers: first.headers, body: await readBody(first.body, MAX_402_BODY) }
-    let picked = this.pick(answer, req, policy.protocolPreference, true)
+    let got = await read402(first)
+    let picked = this.pick(got.answer, req, policy.protocolPreference, true)
     if ('unpaid' in picked && picked.refetch) {
       // Only expired challenges: fetch the 402 again (once) rather than pay a stale one.
+      got.drop()
       const again = await this.sendOrUnreachable(req, {})
       if (again.status !== 402) return { response: again, payment: null }
-      answer = { status: 402, headers: again.headers, body: await readBody(again.body, MAX_402_BODY) }
-      picked = this.pick(answer, req, policy.protocolPreference, false)
+      got = await read402(again)
+      picked = this.pick(got.answer, req, policy.protocolPreference, false)
     }
-    if ('unpaid' in picked) return { response: answerStream(answer), payment: null, unpaid: picked.unpaid }
+    if ('unpaid' in picked) {
+      const unpaid = got.cut ? new PaygateError(picked.unpaid.code, `${picked.unpaid.detail} (its body, over ${MAX_402_BODY} bytes, was not read for offers)`) : picked.unpaid
+      return { response: got.whole(), payment: null, unpaid }
+    }
+    got.drop()
     const { plan } = picked
-    if (!plan.sellsSession || session) return this.payPlan(req, plan, parent)
+    if (!plan.sellsSession) return this.payPlan(req, plan, parent)
 
-    // One negotiation per agent and service: concurrent first calls wait here and then
-    // ride on the session the first one bought.
+    // One negotiation per agent and service: concurrent first calls, and concurrent calls
+    // whose session was refused, wait here and then ride on the session the first one bought.
     return this.negotiations.run(`${agentId}\u0000${new URL(req.url).origin}`, async () => {
       const bought = await this.d.mpp.session(agentId, req.url)
       if (bought) {
@@ -290,7 +324,23 @@ export class PaymentEngine {
     })
   }
 
-  private async payPlan(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {
+  private payPlan(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {
+    const nonce = plan.fixedNonce
+    if (!nonce) return this.payNow(req, plan, parent)
+    // The offer fixes the authorization's nonce (MPP evm/charge binds it to the challenge), so
+    // it can be paid once, ever: payments of one nonce take turns, and a nonce already used on
+    // chain is not signed again (else the refusal that follows would read as this payment).
+    return this.fixedNonces.run(`${req.agentId}\u0000${nonce}`, async () => {
+      const signer = await this.d.wallets.signer(req.agentId).catch(() => null)
+      const used = signer ? await this.authorizationUsed(signer.address, nonce).catch((e: unknown) => chainSilent(e)) : false
+      if (used) {
+        throw new PaygateError('no_payable_offer', `the target's challenge was paid before (its authorization nonce ${nonce} is used on chain); a challenge is never paid twice`)
+      }
+      return this.payNow(req, plan, parent)
+    })
+  }
+
+  private async payNow(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {
     const { agentId } = req
     const now = this.d.clock.now()
     const base: TxRecord = {
@@ -310,8 +360,9 @@ export class PaymentEngine {
       depth: parent ? parent.depth + 1 : 0,
       offer: plan.offer,
     }
-    const signer = await this.d.wallets.signer(agentId)
-    const signing = { address: signer.address, signDigest: (d: `0x${string}`) => signer.signDigest65(d) }
+    // The wallet is looked up alongside, but a missing one is reported only after the policy
+    // has had its say (a blocked domain is a policy rejection, wallet or not).
+    const wallet = outcome(this.d.wallets.signer(agentId))
 
     // Policy, funds, signature and reservation, atomically per agent: one batch writes the
     // hold and the record (with its authorization when signing is local: signed, or its
@@ -323,6 +374,10 @@ export class PaymentEngine {
         await this.d.transactions.put({ ...base, status: 'rejected', reason: decision.reason, detail: decision.detail })
         return { kind: 'rejected' as const, reason: decision.reason, detail: decision.detail }
       }
+      const found = await wallet
+      if (!found.ok) throw found.error
+      const signer = found.value
+      const signing: SigningWallet = { address: signer.address, signDigest: (d: `0x${string}`) => signer.signDigest65(d) }
       if (plan.fromWallet) {
         // Funds: the on-chain balance less what other in-flight payments have reserved.
         const held = heldAmount(usage)
@@ -342,7 +397,7 @@ export class PaymentEngine {
       // In flight before it can be seen on disk: the reconciler leaves it alone.
       this.inFlight.add(base.id)
       const written = outcome(this.d.store.batch([this.d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now })), ...this.d.transactions.ops(rec)]))
-      return { kind: 'reserved' as const, rec, written, prepared }
+      return { kind: 'reserved' as const, rec, written, prepared, signing }
     })
     if (reserved.kind === 'rejected') {
       this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: reserved.reason, detail: reserved.detail, endpoint: base.endpoint, transactionId: base.id })
@@ -356,7 +411,7 @@ export class PaymentEngine {
       })
     }
     // An EIP-3009 authorization is signed while its reservation is being written (see Plan.prepare).
-    const { prepared } = reserved
+    const { prepared, signing } = reserved
     const signed = prepared ? attempt(() => prepared.sign()) : null
     const written = await reserved.written
     if (!written.ok) {
@@ -404,6 +459,8 @@ export class PaymentEngine {
     let last: { response: UpstreamResponse | null; error: string } = { response: null, error: '' }
     let used: boolean | null = null
     let code: ErrorCode = 'payment_failed'
+    /** An attempt got no definite answer: the target may hold the authorization and redeem it until it expires. */
+    let mayRedeem = false
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
       rec = { ...rec, attempts: attempt }
       let d: Delivery
@@ -412,7 +469,16 @@ export class PaymentEngine {
       } catch (e) {
         d = { kind: 'transient', response: null, error: (e as Error).message }
       }
-      if (d.kind === 'served') return this.paid(rec, d.response, plan)
+      if (d.kind === 'served') {
+        // The official x402 servers settle only answers below 400; for any other, the chain says whether the money moved.
+        if (!onChain || d.response.status < 400) return this.paid(rec, d.response, plan)
+        if ((await this.used(auth).catch(() => null)) === true) return this.paid(rec, d.response, plan)
+        // Not settled, or the chain cannot say: the target holds a valid authorization it may still
+        // redeem, so the reservation stays held until validBefore (the reconciler commits or releases it).
+        await this.finish(rec, { status: 'unknown', error: `the target answered ${d.response.status} and the authorization is not used on chain`, upstreamStatus: d.response.status }, 'keep')
+        return { response: d.response, payment: null, held: { transactionId: rec.id } }
+      }
+      if (d.kind === 'transient') mayRedeem = true
       // Refused, 5xx or no answer: the chain says whether the money moved.
       used = onChain ? await this.used(auth).catch(() => null) : null
       if (used === true) return this.paid(rec, d.response ?? lostAnswer(), plan)
@@ -430,7 +496,9 @@ export class PaymentEngine {
     // off-chain proof got no answer), keep the reservation for the reconciler.
     if (onChain) used = await this.used(auth).catch(() => null)
     if (used === true) return this.paid(rec, last.response ?? lostAnswer(), plan)
-    const unknown = onChain ? used === null : !(last.response !== null && last.response.status < 500)
+    // An on-chain authorization that may have reached the target stays held until validBefore even
+    // when the chain says unused now: the target can still settle it (the reconciler then commits it).
+    const unknown = onChain ? used === null || (used === false && mayRedeem && expiryMs(auth) > this.d.clock.now()) : !(last.response !== null && last.response.status < 500)
     if (unknown) await this.finish(rec, { status: 'unknown', error: last.error }, 'keep')
     else await this.finish(rec, { status: 'failed', error: last.error, ...(last.response ? { upstreamStatus: last.response.status } : {}) }, 'release')
     this.d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })

@@ -51,3 +51,50 @@ export function collect(stream: Readable, max: number, tooLarge: () => Error): P
     stream.on('close', onClose)
   })
 }
+
+/**
+ * Read a stream up to about `max` bytes without giving up the rest: all of it (`rest` null),
+ * or the chunks read until past `max` and the paused stream (`rest`) to be read on, e.g.
+ * to pass a large answer through after looking at its start.
+ */
+export function collectUpTo(stream: Readable, max: number): Promise<{ head: Buffer; rest: Readable | null }> {
+  if (stream.readableEnded) return Promise.resolve({ head: Buffer.alloc(0), rest: null })
+  if (stream.destroyed) {
+    stream.once('error', () => {})
+    return Promise.reject(closedEarly(stream))
+  }
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = []
+    let size = 0
+    const stop = (): void => {
+      stream.off('data', onData)
+      stream.off('end', onEnd)
+      stream.off('error', onError)
+      stream.off('close', onClose)
+    }
+    const onData = (c: Buffer): void => {
+      chunks.push(c)
+      size += c.length
+      if (size <= max) return
+      stop()
+      stream.pause()
+      resolve({ head: Buffer.concat(chunks, size), rest: stream })
+    }
+    const onEnd = (): void => {
+      stop()
+      resolve({ head: chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size), rest: null })
+    }
+    const onError = (e: Error): void => {
+      stop()
+      reject(e)
+    }
+    const onClose = (): void => {
+      stop()
+      reject(closedEarly(stream))
+    }
+    stream.on('data', onData)
+    stream.on('end', onEnd)
+    stream.on('error', onError)
+    stream.on('close', onClose)
+  })
+}

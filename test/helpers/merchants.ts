@@ -332,8 +332,12 @@ function addRoutes(app: express.Express, label: string): void {
   app.get('/free', (_req, res) => {
     res.json({ ok: true, free: true })
   })
-  app.get('/paid', (_req, res) => {
-    res.json({ ok: true, paid: label })
+  // `?status=404` (any 4xx): the route's own answer after a valid payment; the official
+  // middlewares then do not settle.
+  app.get('/paid', (req, res) => {
+    const status = Number(req.query.status ?? 200)
+    if (status >= 400) res.status(status).json({ error: 'route answered', status })
+    else res.json({ ok: true, paid: label })
   })
   app.post('/paid', express.raw({ type: () => true, limit: '5mb' }), (req, res) => {
     const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0)

@@ -128,7 +128,7 @@ t.before(async () => {
   token = deployed.contractAddress
   const mintHash = await wallet.writeContract({ address: token, abi: paygateUsdcAbi, functionName: 'mint', args: [payer.address, 1_000_000_000n] })
   await pub.waitForTransactionReceipt({ hash: mintHash, timeout: STEP_TIMEOUT_MS })
-  payable = { chainId: CHAIN_ID, networkName: 'paygate-devnet', token }
+  payable = { chainId: CHAIN_ID, networkName: 'paygate-devnet', token, tokenDomain: { name: 'USD Coin', version: '2' } }
   t.comment(`chain via ${node.via}, ready in ${Date.now() - started} ms`)
 })
 

@@ -5,7 +5,7 @@ import { pickProtocol } from '../../src/policy/decide.js'
 import type { PayableChain } from '../../src/protocols/types.js'
 import { PaygateError } from '../../src/errors/index.js'
 
-const chain: PayableChain = { chainId: 31337, networkName: 'paygate-devnet', token: getAddress('0x5fbdb2315678afecb367f032d93f642f64180aa3') }
+const chain: PayableChain = { chainId: 31337, networkName: 'paygate-devnet', token: getAddress('0x5fbdb2315678afecb367f032d93f642f64180aa3'), tokenDomain: { name: 'USD Coin', version: '2' } }
 const answer = (body: unknown) => ({ status: 402, headers: {}, body: Buffer.from(typeof body === 'string' ? body : JSON.stringify(body)) })
 const good = { protocol: 'mpp/1.0', amount: { value: '0.25', currency: 'USD' }, paymentMethods: ['tempo', 'stripe'], sessionSupported: true, paymentEndpoint: '/pay' }
 

@@ -60,6 +60,8 @@ export interface Plan {
   fromWallet: boolean
   /** Signs locally and fast (under the agent's lock and stored with the reservation, or with `prepare`); else a remote rail is asked after reserving. */
   signsLocally: boolean
+  /** EIP-3009 plans whose nonce the offer fixes (MPP evm/charge: from the challenge): payable once, ever. */
+  fixedNonce?: Hex
   /** MPP: the service sells a session for later calls (one negotiation per agent and service). */
   sellsSession?: boolean
   authorize(input: AuthorizeInput): Promise<StoredAuthorization>
