@@ -145,6 +145,9 @@ export function detectPaymentAuth(answer: HttpAnswer, chain: PayableChain, opts:
 /** What Paygate can pay, for `Accept-Payment`. */
 export const acceptPayment = (canCard: boolean): string => (canCard ? 'evm/charge, stripe/charge;q=0.5' : 'evm/charge')
 
+/** The EIP-3009 nonce of an evm/charge challenge: bound to the challenge, so one challenge is paid at most once. */
+export const challengeNonce = (c: PaymentChallenge): Hex => keccak256(toHex(c.id + c.realm))
+
 /** The EIP-3009 authorization for an evm/charge challenge: nonce bound to the challenge, valid until it expires. */
 export function evmAuthorization(offer: Extract<AuthOffer, { kind: 'evm' }>, from: Address, nowMs: number): Eip3009Authorization {
   const until = offer.expiresAt ?? nowMs + 300_000
@@ -154,7 +157,7 @@ export function evmAuthorization(offer: Extract<AuthOffer, { kind: 'evm' }>, fro
     value: offer.amount,
     validAfter: 0n,
     validBefore: BigInt(Math.floor(until / 1000)),
-    nonce: keccak256(toHex(offer.challenge.id + offer.challenge.realm)),
+    nonce: challengeNonce(offer.challenge),
   }
 }
 
@@ -191,13 +194,13 @@ export function problemCode(body: Buffer): { code: ErrorCode; type: string; deta
   if (!isObject(p) || typeof p.type !== 'string' || !p.type.startsWith('https://paymentauth.org/problems/')) return null
   const type = p.type.slice('https://paymentauth.org/problems/'.length)
   const detail = typeof p.detail === 'string' ? p.detail : type
+  // `payment-insufficient` is the target finding the amount paid too low, not the wallet short
+  // of funds (`insufficient_funds` is Paygate's own funds check, with required and available).
   const code: ErrorCode =
-    type === 'payment-insufficient'
-      ? 'insufficient_funds'
-      : type === 'method-unsupported'
-        ? 'no_payable_offer'
-        : type === 'malformed-credential' || type === 'invalid-challenge' || type === 'invalid-payload' || type === 'bad-request'
-          ? 'payment_protocol_error'
-          : 'payment_failed'
+    type === 'method-unsupported'
+      ? 'no_payable_offer'
+      : type === 'malformed-credential' || type === 'invalid-challenge' || type === 'invalid-payload' || type === 'bad-request'
+        ? 'payment_protocol_error'
+        : 'payment_failed'
   return { code, type, detail }
 }

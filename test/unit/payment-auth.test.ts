@@ -4,7 +4,7 @@ import { getAddress, keccak256, toHex } from 'viem'
 import { detectPaymentAuth, evmAuthorization, problemCode, readReceipt, splitChallenges } from '../../src/protocols/payment-auth.js'
 import type { PayableChain } from '../../src/protocols/types.js'
 
-const chain: PayableChain = { chainId: 31337, networkName: 'paygate-devnet', token: getAddress('0x5fbdb2315678afecb367f032d93f642f64180aa3') }
+const chain: PayableChain = { chainId: 31337, networkName: 'paygate-devnet', token: getAddress('0x5fbdb2315678afecb367f032d93f642f64180aa3'), tokenDomain: { name: 'USD Coin', version: '2' } }
 const recipient = getAddress('0x' + 'b7'.repeat(20))
 const now = Date.parse('2026-11-21T12:00:00Z')
 const future = new Date(now + 300_000).toISOString()
@@ -66,7 +66,8 @@ t.test('problems map to the spec codes; receipts are read', async (t) => {
   const p = (type: string) => problemCode(Buffer.from(JSON.stringify({ type: `https://paymentauth.org/problems/${type}`, detail: 'x' })))?.code
   t.equal(p('verification-failed'), 'payment_failed')
   t.equal(p('payment-expired'), 'payment_failed')
-  t.equal(p('payment-insufficient'), 'insufficient_funds')
+  t.equal(p('payment-insufficient'), 'payment_failed', 'the target found the amount short: not the wallet')
+  t.equal(p('bad-request'), 'payment_protocol_error')
   t.equal(p('malformed-credential'), 'payment_protocol_error')
   t.equal(p('invalid-challenge'), 'payment_protocol_error')
   t.equal(p('method-unsupported'), 'no_payable_offer')

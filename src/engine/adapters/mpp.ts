@@ -71,6 +71,11 @@ export class MppAdapter implements ProtocolAdapter {
     if (endpoint.origin !== originOf(req.url) && !this.settings.paymentEndpointHosts.includes(endpoint.hostname.toLowerCase())) {
       return { present: true, plan: null, why: `the mpp/1.0 paymentEndpoint ${endpoint.origin} is on another origin (allow its host in mpp.paymentEndpointHosts)`, malformed: false }
     }
+    // Only a session carries another method's request (and its body) to the target after paying:
+    // without one the payment endpoint's answer would stand in for a request never made.
+    if (!offer.sessionSupported && req.method !== 'GET' && req.method !== 'HEAD') {
+      return { present: true, plan: null, why: `the mpp/1.0 offer sells no session, so a ${req.method} would be paid without reaching the target`, malformed: false }
+    }
     const { choice, why } = chooseRail(offer, this.settings.methods, this.available, chain)
     if (!choice) return { present: true, plan: null, why: `no payable mpp/1.0 method: ${why}`, malformed: false }
     return { present: true, plan: this.plan(offer, choice, chain) }

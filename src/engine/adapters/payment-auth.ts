@@ -2,6 +2,7 @@ import { Readable } from 'node:stream'
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
 import {
   acceptPayment,
+  challengeNonce,
   credentialHeader,
   detectPaymentAuth,
   evmAuthorization,
@@ -13,11 +14,13 @@ import {
 import type { HttpAnswer, PayableChain } from '../../protocols/types.js'
 import type { Clock } from '../../util/clock.js'
 import type { Rail } from '../rails.js'
-import { readBody, type Upstream } from '../upstream.js'
+import { readBody, type Upstream, type UpstreamResponse } from '../upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
 import { eip3009Of, signChainTransfer } from './x402.js'
 
 const MAX_PROBLEM_BYTES = 64 * 1024
+
+const isProblem = (headers: UpstreamResponse['headers']): boolean => String(headers['content-type'] ?? '').toLowerCase().includes('problem+json')
 const CARD_PROOF_MS = 10 * 60_000
 
 /**
@@ -73,6 +76,7 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
       },
       fromWallet: stable,
       signsLocally: stable,
+      ...(offer.kind === 'evm' ? { fixedNonce: challengeNonce(c) } : {}),
       async authorize({ req, wallet, nowMs, txId }: AuthorizeInput): Promise<StoredAuthorization> {
         if (offer.kind === 'evm') {
           const auth = evmAuthorization(offer, wallet.address, nowMs)
@@ -99,15 +103,19 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
           : credentialHeader(c, auth.wire as Record<string, unknown>)
         let res
         try {
-          res = await this.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, 'accept-payment': this.acceptPayment, [name]: value }, body: req.body })
+          // The agent's own Accept-Payment (kept in req.headers) wins over Paygate's list.
+          res = await this.upstream.send({ url: req.url, method: req.method, headers: { 'accept-payment': this.acceptPayment, ...req.headers, [name]: value }, body: req.body })
         } catch (e) {
           return { kind: 'transient', response: null, error: (e as Error).message }
         }
         if (res.status >= 500) return { kind: 'transient', response: res, error: `target answered ${res.status}` }
-        if (res.status !== 402) return { kind: 'served', response: res }
+        // A refusal is a 402, or another 4xx carrying a paymentauth.org problem (mppx answers
+        // method-unsupported and bad-request with 400).
+        if (res.status !== 402 && !(res.status >= 400 && isProblem(res.headers))) return { kind: 'served', response: res }
         const body = await readBody(res.body, MAX_PROBLEM_BYTES).catch(() => Buffer.alloc(0))
         const problem = problemCode(body)
         const replay = { ...res, body: Readable.from([body]) }
+        if (res.status !== 402 && !problem) return { kind: 'served', response: replay }
         return { kind: 'refused', response: replay, error: problem ? `target refused the credential (${problem.type})` : 'target answered 402', ...(problem ? { code: problem.code } : {}) }
       },
       settlement: (headers) => readReceipt(headers, stable ? network : null),
