@@ -14,6 +14,8 @@ export interface FastHost {
   takeover(conn: FastConn, head: RequestHead, rest: Buffer): void
   /** The connection closed or left the fast path. */
   forget(conn: FastConn): void
+  /** Keep-alive idle limit: a connection with no request in flight for this long is closed. */
+  readonly idleTimeoutMs: number
 }
 
 /** A CONNECT tunnel's agent and target, as `scheme://host[:port]` and `host[:port]` (computed once, used per request). */
@@ -22,10 +24,13 @@ export interface Tunnel {
   origin: string
   authority: string
   dest: Origin
+  /** The CONNECT's Proxy-Authorization (undefined: the sidecar default agent), checked again after a revocation. */
+  auth: string | undefined
+  /** The registry's revision when `auth` was last verified: while it stands, nothing was revoked since. */
+  revision: number
 }
 
-/** Keep-alive idle limit and the time a request head may take to arrive (as Node's server). */
-const KEEP_ALIVE_MS = 65_000
+/** The time a request head may take to arrive (as Node's server). */
 const HEADERS_TIMEOUT_MS = 60_000
 /** Pipelined bytes held while an answer is being written; past this the agent is paused. */
 const MAX_PENDING = 64 * 1024
@@ -90,7 +95,7 @@ export class FastConn {
     socket.on('close', this.onClose)
     socket.on('error', this.onError)
     socket.on('timeout', this.onTimeout)
-    socket.setTimeout(KEEP_ALIVE_MS)
+    socket.setTimeout(host.idleTimeoutMs)
   }
 
   /** Start reading (and serve the bytes given at construction). */

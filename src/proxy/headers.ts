@@ -3,7 +3,8 @@ import { connectionTokens, HOP_BY_HOP } from './http1.js'
 
 /**
  * Request headers for the target: no hop-by-hop fields, no `Host` (the client sets it
- * from the URL), no `X-Paygate-*` (Paygate's own controls). Multi-valued fields are joined.
+ * from the URL), no `X-Paygate-*` (Paygate's own controls), no `Expect` (Node has already
+ * answered the agent's `100-continue`, and undici refuses to send one). Multi-valued fields are joined.
  * `acceptPayment`: sent as Accept-Payment unless the agent sent one.
  */
 export function forwardRequestHeaders(h: IncomingHttpHeaders, acceptPayment?: string): Record<string, string> {
@@ -13,7 +14,7 @@ export function forwardRequestHeaders(h: IncomingHttpHeaders, acceptPayment?: st
   if (acceptPayment !== undefined) out['accept-payment'] = acceptPayment
   for (const k in h) {
     const v = h[k]
-    if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k) || k === 'host' || k.startsWith('x-paygate-')) continue
+    if (v === undefined || HOP_BY_HOP.has(k) || drop.has(k) || k === 'host' || k === 'expect' || k.startsWith('x-paygate-')) continue
     out[k] = Array.isArray(v) ? v.join(', ') : v
   }
   return out

@@ -6,9 +6,10 @@ import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
 import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
-import { readBody, type Upstream } from '../engine/upstream.js'
+import { UpstreamError, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { infoLine, type Logger } from '../log/index.js'
+import { collectUpTo } from '../util/collect.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
@@ -32,6 +33,8 @@ export interface ProxyDeps {
   accessLog?: boolean
   /** Extra CAs trusted for upstream TLS on WebSocket upgrades (the engine has its own). */
   upstreamCa?: string[]
+  /** Keep-alive idle limit on agent connections, and the time a CONNECT tunnel may stay silent before its first byte (default 65 s, as Node's server). */
+  idleTimeoutMs?: number
 }
 
 const AUTH_REALM = 'Basic realm="paygate"'
@@ -43,23 +46,82 @@ const DENY_HEADERS = { 'proxy-authenticate': AUTH_REALM, 'content-type': 'applic
 /** Safe (RFC 9110 §9.2.1), so sending one again is harmless, and without a body: the methods the fast path serves. */
 const FAST_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 
-/** The tunnel's first bytes (null if it ends first), leaving the socket paused. */
-function firstChunk(socket: Socket): Promise<Buffer | null> {
+/**
+ * The tunnel's first bytes, leaving the socket paused; null if it ends, closes or stays
+ * silent for `timeoutMs` first (the fast path's idle limit takes over from the first byte).
+ */
+function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | null> {
   return new Promise((resolve) => {
-    const onData = (d: Buffer): void => {
-      socket.pause()
+    const settle = (d: Buffer | null): void => {
+      socket.off('data', onData)
       socket.off('end', onEnd)
+      socket.off('close', onEnd)
+      socket.off('timeout', onEnd)
+      socket.setTimeout(0)
       resolve(d)
     }
-    const onEnd = (): void => {
-      socket.off('data', onData)
-      resolve(null)
+    const onData = (d: Buffer): void => {
+      socket.pause()
+      settle(d)
     }
-    socket.once('data', onData)
-    socket.once('end', onEnd)
+    const onEnd = (): void => settle(null)
+    socket.on('data', onData)
+    socket.on('end', onEnd)
+    socket.on('close', onEnd)
+    socket.on('timeout', onEnd)
+    socket.setTimeout(timeoutMs)
     socket.resume()
   })
 }
+
+/**
+ * The rest of a request body, after the `head` already read, as a stream of its own for a
+ * single upstream send. Destroying it (the target failed) leaves the agent's connection
+ * alone: the rest of the body is read and dropped, so the answer still reaches the agent
+ * (a socket closed with unread bytes is reset, and the answer with it).
+ */
+function onward(req: IncomingMessage, head: Buffer): Readable {
+  const onData = (c: Buffer): void => {
+    if (!out.push(c)) req.pause()
+  }
+  const onEnd = (): void => {
+    out.push(null)
+  }
+  const onError = (e: Error): void => {
+    out.destroy(e)
+  }
+  const out = new Readable({
+    read() {
+      req.resume()
+    },
+    destroy(err, cb) {
+      req.off('data', onData)
+      req.off('end', onEnd)
+      req.off('error', onError)
+      req.resume()
+      cb(err)
+    },
+  })
+  if (head.length) out.push(head)
+  req.on('data', onData)
+  req.on('end', onEnd)
+  req.on('error', onError)
+  return out
+}
+
+/** An upstream send whose failure is the agent's 502 (as the engine's own sends). */
+function unreachable(e: unknown): never {
+  throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
+}
+
+/** The bytes already read, then the rest of the stream. */
+async function* joined(head: Buffer, rest: Readable): AsyncGenerator<Buffer> {
+  yield head
+  yield* rest
+}
+
+/** Thrown out of an idempotent run whose answer cannot be kept and cost nothing: nothing is stored (not a PaygateError). */
+class NotKept extends Error {}
 
 /**
  * The tunnel as a JS stream that starts with the bytes already read, for the HTTP parser,
@@ -137,10 +199,33 @@ function splitAuthority(authority: string): { host: string; port: number } | nul
 
 const urlHost = (host: string): string => (isIP(host) === 6 ? `[${host}]` : host)
 
-function tunnelTo(agentId: string, scheme: 'http' | 'https', host: string, port: number): Tunnel {
+function tunnelTo(agentId: string, auth: string | undefined, revision: number, scheme: 'http' | 'https', host: string, port: number): Tunnel {
   const authority = `${urlHost(host)}${port === (scheme === 'https' ? 443 : 80) ? '' : `:${port}`}`
-  return { agentId, origin: `${scheme}://${authority}`, authority, dest: { https: scheme === 'https', host, port } }
+  return { agentId, origin: `${scheme}://${authority}`, authority, dest: { https: scheme === 'https', host, port }, auth, revision }
 }
+
+/**
+ * The path of a request inside a tunnel: origin-form as it is, absolute-form (which a server
+ * MUST accept, RFC 9112 §3.2.2) only for the tunnel's own host and port. Null for anything
+ * else (another host, `*`).
+ */
+function tunnelPath(t: Tunnel, target: string): string | null {
+  if (target.startsWith('/')) return target
+  let u: URL
+  let own: URL
+  try {
+    u = new URL(target)
+    own = new URL(`http://${urlHost(t.dest.host)}`)
+  } catch {
+    return null
+  }
+  if (u.protocol !== 'http:' && u.protocol !== 'https:') return null
+  const port = u.port ? Number(u.port) : u.protocol === 'https:' ? 443 : 80
+  return u.hostname === own.hostname && port === t.dest.port ? u.pathname + u.search : null
+}
+
+const tunnelTargetError = (t: Tunnel): PaygateError =>
+  new PaygateError('invalid_request', `inside a tunnel to ${t.authority}, send origin-form requests (/path) or absolute-form ones for that host and port`, { field: 'request-target' })
 
 function hostMatches(list: readonly string[], host: string): boolean {
   return list.some((e) => e === host || (e.startsWith('*.') && host.endsWith(e.slice(1))))
@@ -169,15 +254,17 @@ export class ProxyServer implements FastHost {
   private readonly access: ReturnType<typeof infoLine>
   private readonly identity: ProxyIdentity
   readonly counters = { requests: 0, paid: 0, rejected: 0, errors: 0, connects: 0, authFailures: 0 }
+  readonly idleTimeoutMs: number
 
   constructor(private readonly d: ProxyDeps) {
     this.access = infoLine(d.log, 'proxy request')
     this.identity = new ProxyIdentity(d.registry, d.defaultAgent)
     this.origins = new OriginPool(d.upstream.secureContext, d.upstream.timeoutMs)
+    this.idleTimeoutMs = d.idleTimeoutMs ?? 65_000
     // allowHalfOpen: an agent that half-closes after its request still gets the answer.
     this.server = createNetServer({ noDelay: true, allowHalfOpen: true }, (socket) => this.startFast(socket, null))
-    this.http = createServer({ keepAliveTimeout: 65_000 })
-    this.inner = createServer({ keepAliveTimeout: 65_000 })
+    this.http = createServer({ keepAliveTimeout: this.idleTimeoutMs })
+    this.inner = createServer({ keepAliveTimeout: this.idleTimeoutMs })
     this.http.on('request', (req, res) => void this.onRequest(req, res))
     this.http.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => void this.onConnect(req.url ?? '', req.headers, socket, head))
     this.http.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, null))
@@ -211,13 +298,29 @@ export class ProxyServer implements FastHost {
       res.writeHead(500).end()
       return
     }
-    await this.handle(req, res, t.agentId, t.origin + (req.url ?? '/'), t.authority)
+    if (t.revision !== this.d.registry.revision && !(await this.stillHolds(t))) return this.deny(res, true)
+    const path = tunnelPath(t, req.url ?? '/')
+    if (path === null) return this.fail(res, tunnelTargetError(t))
+    await this.handle(req, res, t.agentId, t.origin + path, t.authority)
   }
 
-  private deny(res: ServerResponse): void {
+  /** `close`: the tunnel's key was revoked, so the tunnel ends with this answer. */
+  private deny(res: ServerResponse, close = false): void {
     this.counters.authFailures++
-    res.writeHead(407, DENY_HEADERS)
+    res.writeHead(407, close ? { ...DENY_HEADERS, connection: 'close' } : DENY_HEADERS)
     res.end(DENY_BODY)
+  }
+
+  /**
+   * A tunnel is authenticated at CONNECT; after any revocation since (the registry's
+   * revision moved) its credential is verified again before the next request inside it.
+   */
+  private async stillHolds(t: Tunnel): Promise<boolean> {
+    const revision = this.d.registry.revision
+    const agentId = await this.identity.of(t.auth === undefined ? {} : { 'proxy-authorization': t.auth })
+    if (agentId !== t.agentId) return false
+    t.revision = revision
+    return true
   }
 
   private fail(res: ServerResponse, e: PaygateError): void {
@@ -235,27 +338,9 @@ export class ProxyServer implements FastHost {
     const declared = req.headers['content-length'] !== undefined ? Number(req.headers['content-length']) : null
     const chunked = req.headers['transfer-encoding'] !== undefined
     if (!chunked && (declared === null || declared === 0)) return { body: null, buffered: true }
-    if (declared !== null && declared > this.d.maxBufferBytes) return { body: req, buffered: false }
-    const chunks: Buffer[] = []
-    let size = 0
-    const it = (req as AsyncIterable<Buffer>)[Symbol.asyncIterator]()
-    for (;;) {
-      const { value, done } = await it.next()
-      if (done) return { body: Buffer.concat(chunks), buffered: true }
-      chunks.push(value)
-      size += value.length
-      if (size > this.d.maxBufferBytes) {
-        const rest = async function* () {
-          yield* chunks
-          for (;;) {
-            const n = await it.next()
-            if (n.done) return
-            yield n.value
-          }
-        }
-        return { body: Readable.from(rest()), buffered: false }
-      }
-    }
+    if (declared !== null && declared > this.d.maxBufferBytes) return { body: onward(req, Buffer.alloc(0)), buffered: false }
+    const { head, rest } = await collectUpTo(req, this.d.maxBufferBytes)
+    return rest ? { body: onward(req, head), buffered: false } : { body: head, buffered: true }
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse, agentId: string, url: string, host: string): Promise<void> {
@@ -270,12 +355,18 @@ export class ProxyServer implements FastHost {
       const method = req.method ?? 'GET'
       if (!buffered) {
         // Too large to resend: stream it once; a 402 goes back unpaid, saying why.
-        const r = await this.d.upstream.send({ url, method, headers, body })
-        const h = forwardResponseHeaders(r.headers)
-        if (r.status === 402) h['x-paygate-error'] = errorCode = 'request_body_too_large'
-        status = r.status
-        res.writeHead(r.status, h)
-        await relay(r.body, res)
+        const stream = body as Readable
+        try {
+          const r = await this.d.upstream.send({ url, method, headers, body: stream }).catch(unreachable)
+          const h = forwardResponseHeaders(r.headers)
+          if (r.status === 402) h['x-paygate-error'] = errorCode = 'request_body_too_large'
+          status = r.status
+          res.writeHead(r.status, h)
+          await relay(r.body, res)
+        } finally {
+          // What the target did not read is dropped, so the agent's connection stays in step.
+          if (!stream.readableEnded) stream.destroy()
+        }
         return
       }
       const parentTxHash = headerValue(req.headers, 'x-paygate-parent-tx')
@@ -326,7 +417,13 @@ export class ProxyServer implements FastHost {
     this.access({ agentId, method, host, status, paidUsdc: paid === null ? undefined : formatUnits(paid), error, ms: Math.round((performance.now() - started) * 100) / 100 })
   }
 
-  /** With X-Paygate-Idempotency-Key: the answer is kept (bounded) and replayed; never a second payment. */
+  /**
+   * With X-Paygate-Idempotency-Key: the answer is kept (bounded) and replayed; never a second
+   * payment. An answer too large to keep streams through to this call; if it cost nothing it
+   * is not stored (a retry simply asks again), and if it was paid the key keeps the payment
+   * with a 502 `upstream_body_too_large` in place of the body, so replays see the txHash and
+   * never pay again. A paid answer whose body broke off is kept the same way.
+   */
   private async idempotent(agentId: string, key: string, p: PayRequest): Promise<PayOutcome> {
     type Stored = {
       status: number
@@ -342,18 +439,57 @@ export class ProxyServer implements FastHost {
         : null,
       ...(s.session ? { session: { protocol: 'mpp' as const } } : {}),
     })
-    const stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, requestDigest(p), async () => {
-      const out = await this.d.engine.pay(p)
-      const body = await readBody(out.response.body, MAX_IDEMPOTENT_BODY)
+    const paymentOf = (out: PayOutcome): Stored['payment'] =>
+      out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString(), protocol: out.payment.protocol, rail: out.payment.rail } : null
+    /** A paid answer whose body is not kept: the payment, and an error body saying why. */
+    const withoutBody = (out: PayOutcome, code: string, detail: string): Stored => {
+      const body = Buffer.from(JSON.stringify({ error: code, detail, status: out.response.status, txHash: out.payment!.txHash }))
       return {
-        status: out.response.status,
-        headers: out.response.headers,
+        status: 502,
+        headers: { 'content-type': 'application/json', 'content-length': String(body.length), 'x-paygate-error': code },
         body: body.toString('base64'),
-        payment: out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString(), protocol: out.payment.protocol, rail: out.payment.rail } : null,
-        ...(out.session ? { session: true } : {}),
-        ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
+        payment: paymentOf(out),
       }
-    })
+    }
+    // This call's own answer, when its body was too large to keep: it streams through.
+    const live: { out?: PayOutcome } = {}
+    let stored: Stored & { unpaid?: string }
+    try {
+      stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, requestDigest(p), async () => {
+        const out = await this.d.engine.pay(p)
+        let read: { head: Buffer; rest: Readable | null }
+        try {
+          read = await collectUpTo(out.response.body, MAX_IDEMPOTENT_BODY)
+        } catch (e) {
+          // Nothing paid: not stored (as any unreachable target), so the same key asks again.
+          if (!out.payment) throw new PaygateError('upstream_unreachable', `the target's answer broke off before its end: ${(e as Error).message}`)
+          this.d.log.warn({ err: (e as Error).message, agentId, txHash: out.payment.txHash }, 'a paid answer broke off while it was read')
+          return withoutBody(out, 'upstream_unreachable', `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`)
+        }
+        if (read.rest) {
+          live.out = { ...out, response: { ...out.response, body: Readable.from(joined(read.head, read.rest)) } }
+          if (!out.payment) throw new NotKept()
+          return withoutBody(
+            out,
+            'upstream_body_too_large',
+            `the target's ${out.response.status} answer to this paid request was delivered once, to the first call; its body exceeds the ${MAX_IDEMPOTENT_BODY} bytes kept for replays`,
+          )
+        }
+        return {
+          status: out.response.status,
+          headers: out.response.headers,
+          body: read.head.toString('base64'),
+          payment: paymentOf(out),
+          ...(out.session ? { session: true } : {}),
+          ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
+        }
+      })
+    } catch (e) {
+      if (e instanceof NotKept && live.out) return live.out
+      live.out?.response.body.destroy()
+      throw e
+    }
+    if (live.out) return live.out
     const out = toOutcome(stored)
     return stored.unpaid ? { ...out, unpaid: new PaygateError(stored.unpaid as never, 'unpaid 402') } : out
   }
@@ -424,8 +560,15 @@ export class ProxyServer implements FastHost {
     let path: string
     let origin: string
     if (conn.tunnel) {
-      ;({ agentId, authority: host, dest, origin } = conn.tunnel)
-      url = conn.tunnel.origin + head.target
+      const t = conn.tunnel
+      if (t.revision !== this.d.registry.revision && !(await this.stillHolds(t))) {
+        // The key was revoked since CONNECT: the 407 a new connection would get, then the tunnel ends.
+        this.counters.authFailures++
+        conn.closeAfter = true
+        return writeAnswer(conn, head.method, 407, DENY_HEADERS, DENY_BODY)
+      }
+      ;({ agentId, authority: host, dest, origin } = t)
+      url = t.origin + head.target
       path = head.target
     } else {
       const headers = head.map as IncomingHttpHeaders
@@ -493,12 +636,15 @@ export class ProxyServer implements FastHost {
       socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
       return
     }
+    // Read before verifying: a revocation meanwhile makes the tunnel's first request check again.
+    const revision = this.d.registry.revision
     const agentId = await this.identity.of(headers)
     if (!agentId) {
       this.counters.authFailures++
       socket.end(RAW_407)
       return
     }
+    const auth = headers['proxy-authorization']
     if (hostMatches(this.d.passThrough, target.host)) {
       const up = netConnect(target.port, target.host, () => {
         socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
@@ -510,8 +656,11 @@ export class ProxyServer implements FastHost {
       return
     }
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
-    const first = head.length ? head : await firstChunk(socket)
-    if (!first) return
+    const first = head.length ? head : await firstChunk(socket, this.idleTimeoutMs)
+    if (!first) {
+      socket.destroy()
+      return
+    }
     if (first[0] === 0x16) {
       // A TLS ClientHello: intercept with a leaf for the SNI name (or the CONNECT host, for IPs).
       let secureContext
@@ -526,9 +675,9 @@ export class ProxyServer implements FastHost {
       socket.unshift(first)
       const tls = new TLSSocket(socket, { isServer: true, secureContext, SNICallback: this.d.ca.sniCallback, ALPNProtocols: ['http/1.1'] })
       tls.on('error', () => tls.destroy())
-      this.startFast(tls, tunnelTo(agentId, 'https', target.host, target.port))
+      this.startFast(tls, tunnelTo(agentId, auth, revision, 'https', target.host, target.port))
     } else {
-      this.startFast(socket, tunnelTo(agentId, 'http', target.host, target.port), first)
+      this.startFast(socket, tunnelTo(agentId, auth, revision, 'http', target.host, target.port), first)
     }
   }
 
@@ -537,8 +686,20 @@ export class ProxyServer implements FastHost {
   private async onUpgrade(req: IncomingMessage, socket: Socket, head: Buffer, tunnel: Tunnel | null): Promise<void> {
     socket.on('error', () => socket.destroy())
     let origin: string
-    if (tunnel) origin = tunnel.origin
-    else {
+    if (tunnel) {
+      if (tunnel.revision !== this.d.registry.revision && !(await this.stillHolds(tunnel))) {
+        this.counters.authFailures++
+        socket.end(RAW_407)
+        return
+      }
+      const path = tunnelPath(tunnel, req.url ?? '/')
+      if (path === null) {
+        socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
+        return
+      }
+      origin = tunnel.origin
+      req.url = path
+    } else {
       const agentId = await this.identity.of(req.headers)
       if (!agentId) {
         socket.end(RAW_407)

@@ -228,3 +228,72 @@ t.test('paying inside a CONNECT tunnel to a plain-HTTP port (undici tunnels http
   t.match(await r.body.json(), { ok: true })
   t.equal(await balanceOf(v2.payTo), before + 5_000n)
 })
+
+t.test('X-Paygate-Idempotency-Key and an answer over the size kept for replays (8 MiB)', async (t) => {
+  // A front for a v2 merchant whose paid answer is 9 MiB (the merchant's own are small): the
+  // 402 and the payment pass through it; `/free-big` is 9 MiB for nothing.
+  const SIZE = 9 * 1024 * 1024
+  const { m, payTo } = await merchant('v2')
+  const mport = Number(new URL(m.url).port)
+  let freeCalls = 0
+  const front = createHttpServer((req, res) => {
+    if (req.url === '/free-big') {
+      freeCalls++
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': SIZE })
+      res.end(Buffer.alloc(SIZE, 'f'))
+      return
+    }
+    const up = httpRequest({ host: '127.0.0.1', port: mport, path: '/paid', method: req.method, headers: req.headers }, (ur) => {
+      if (ur.statusCode !== 200) {
+        res.writeHead(ur.statusCode ?? 502, ur.headers)
+        ur.pipe(res)
+        return
+      }
+      ur.resume()
+      const { 'content-length': _cl, 'transfer-encoding': _te, ...h } = ur.headers
+      res.writeHead(200, { ...h, 'content-type': 'application/octet-stream', 'content-length': SIZE })
+      res.end(Buffer.alloc(SIZE, 'p'))
+    })
+    up.on('error', () => res.destroy())
+    req.pipe(up)
+  })
+  await new Promise<void>((r) => front.listen(0, '127.0.0.1', r))
+  t.teardown(() => {
+    front.closeAllConnections()
+    return new Promise<void>((r) => front.close(() => r()))
+  })
+  const base = `http://127.0.0.1:${(front.address() as AddressInfo).port}`
+  const size = async (body: AsyncIterable<unknown>): Promise<number> => {
+    let n = 0
+    for await (const c of body) n += (c as Buffer).length
+    return n
+  }
+
+  // Nothing paid: the answer streams through and is not kept; the same key asks the target again.
+  for (let i = 1; i <= 2; i++) {
+    const r = await request(`${base}/free-big`, { dispatcher: proxyAgent, headers: { 'x-paygate-idempotency-key': 'big-free' } })
+    t.equal(r.statusCode, 200, `unpaid, call ${i}`)
+    t.equal(r.headers['x-paygate-error'], undefined)
+    t.equal(await size(r.body), SIZE, `unpaid, call ${i}: every byte`)
+    t.equal(freeCalls, i, `unpaid, call ${i}: asked the target`)
+  }
+
+  // Paid: this call gets the answer; the key keeps the payment and says the body is not kept.
+  const before = await balanceOf(payTo)
+  const r = await request(`${base}/paid`, { dispatcher: proxyAgent, headers: { 'x-paygate-idempotency-key': 'big-paid' } })
+  t.equal(r.statusCode, 200)
+  const tx = r.headers['x-paygate-tx']
+  t.match(tx, /^0x[0-9a-f]{64}$/)
+  t.equal(r.headers['x-paygate-amount'], '0.005')
+  t.equal(await size(r.body), SIZE, 'the paid answer, every byte')
+  t.equal(await balanceOf(payTo), before + 5_000n, 'paid once on chain')
+  for (let i = 1; i <= 2; i++) {
+    const again = await request(`${base}/paid`, { dispatcher: proxyAgent, headers: { 'x-paygate-idempotency-key': 'big-paid' } })
+    t.equal(again.statusCode, 502, `replay ${i}`)
+    t.equal(again.headers['x-paygate-error'], 'upstream_body_too_large')
+    t.equal(again.headers['x-paygate-tx'], tx, `replay ${i}: the payment made`)
+    t.equal(again.headers['x-paygate-amount'], '0.005')
+    t.match(await again.body.json(), { error: 'upstream_body_too_large', status: 200, txHash: tx, detail: /8388608 bytes/ })
+  }
+  t.equal(await balanceOf(payTo), before + 5_000n, 'replays pay nothing')
+})
