@@ -94,6 +94,8 @@ const MAX_ATTEMPTS = 3
 /** An authorization this close to expiry is not resent. */
 const RESEND_MARGIN_MS = 6_000
 const BUDGET_WARNING_PCT = 80
+/** How far before a cut-off request's start its transaction is looked for (clock steps). */
+const CUT_OFF_MARGIN_MS = 60_000
 
 /**
  * A 402 as the adapters read it: its body up to MAX_402_BODY. A longer body is not read for
@@ -359,6 +361,7 @@ export class PaymentEngine {
       parentTxHash: parent?.txHash ?? null,
       depth: parent ? parent.depth + 1 : 0,
       offer: plan.offer,
+      ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
     }
     // The wallet is looked up alongside, but a missing one is reported only after the policy
     // has had its say (a blocked domain is a policy rejection, wallet or not).
@@ -503,6 +506,22 @@ export class PaymentEngine {
     else await this.finish(rec, { status: 'failed', error: last.error, ...(last.response ? { upstreamStatus: last.response.status } : {}) }, 'release')
     this.d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })
     throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
+  }
+
+  /**
+   * What a request made under `idempotencyKey` (started at `startedAt`, then cut off by a crash)
+   * did, for its replay: the paid transaction; undefined when nothing was sent (no transaction,
+   * or refused before sending: the request may run again). Still settling: 503, retry later;
+   * sent and failed: payment_failed.
+   */
+  async cutOff(agentId: string, idempotencyKey: string, startedAt: number): Promise<TxRecord | undefined> {
+    const rec = await this.d.transactions.findByIdempotencyKey(agentId, idempotencyKey, startedAt - CUT_OFF_MARGIN_MS)
+    if (!rec || rec.status === 'rejected' || (rec.status === 'failed' && !rec.attempts)) return undefined
+    if (rec.status === 'pending' || rec.status === 'unknown') {
+      throw new PaygateError('unavailable', 'a request with this idempotencyKey was cut off by a restart while paying; its payment is being settled: retry later', { transactionId: rec.id }, { 'retry-after': '5' })
+    }
+    if (rec.status === 'failed') throw new PaygateError('payment_failed', rec.error ?? 'the payment failed', { transactionId: rec.id })
+    return rec
   }
 
   private used(a: StoredAuthorization): Promise<boolean> {

@@ -7,6 +7,8 @@ export interface StoredResult {
   hash: string
   createdAt: number
   result: unknown
+  /** Written before the request runs and replaced by its result: found on a later call, the run was cut off (a crash). */
+  pending?: true
 }
 
 /** Canonical digest of a logical request: same target, method, headers, body and parent. */
@@ -17,6 +19,20 @@ export function requestDigest(parts: { url: string; method: string; headers: Rec
   h.update('\n')
   if (parts.body) h.update(parts.body)
   return h.digest('hex') + (parts.parentTxHash ?? '')
+}
+
+/** JSON with object keys sorted at every depth: the same value always gives the same text. */
+export function canonicalJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(',')}]`
+  if (v !== null && typeof v === 'object') {
+    const o = v as Record<string, unknown>
+    return `{${Object.keys(o)
+      .sort()
+      .filter((k) => o[k] !== undefined)
+      .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`)
+      .join(',')}}`
+  }
+  return JSON.stringify(v)
 }
 
 /** Errors that are never stored: the service's own trouble, or a key in use. */
@@ -58,36 +74,62 @@ export class Idempotency {
   /**
    * `fn`'s result must be plain JSON; a stored definite error is thrown again on replay.
    * `unpaid` picks the errors after which nothing can have been paid: they are not stored.
+   *
+   * A marker is stored (durably) before `fn` runs. Found by a later call, it means the run was
+   * cut off by a crash, its outcome unknown here: `recover(startedAt)` rebuilds the result
+   * from what was recorded (a payment's transaction), returns undefined when nothing of that
+   * run went out (then `fn` runs again), or throws (a definite error is stored as above).
+   * Without `recover`, `fn` runs again.
    */
-  async run<T>(agentId: string, key: string, hash: string, fn: () => Promise<T>, unpaid: (e: PaygateError) => boolean = unreached): Promise<T> {
+  async run<T>(
+    agentId: string,
+    key: string,
+    hash: string,
+    fn: () => Promise<T>,
+    unpaid: (e: PaygateError) => boolean = unreached,
+    recover?: (startedAt: number) => Promise<T | undefined>,
+  ): Promise<T> {
     const k = `${agentId}\x00${key}`
     const running = this.inflight.get(k)
     if (running) {
       if (running.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey is in use by a different request')
       await running.done.catch(() => undefined)
-      return this.run(agentId, key, hash, fn, unpaid)
+      return this.run(agentId, key, hash, fn, unpaid, recover)
     }
     // Claim the key before the first await, so a racing call with the same key waits for this one.
     const done = (async () => {
       const stored = await this.results.get(k)
+      let interrupted: number | null = null
       if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
         if (stored.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey was used with a different request')
-        const err = storedError(stored.result)
-        if (err) throw err
-        return stored.result as T
+        if (!stored.pending) {
+          const err = storedError(stored.result)
+          if (err) throw err
+          return stored.result as T
+        }
+        interrupted = stored.createdAt
       }
+      const keep = (r: unknown): Promise<void> => this.results.put(k, { hash, createdAt: interrupted ?? this.clock.now(), result: r })
       try {
+        if (interrupted !== null && recover) {
+          const r = await recover(interrupted)
+          if (r !== undefined) {
+            await keep(r)
+            return r
+          }
+        }
+        if (interrupted === null) await this.results.put(k, { hash, createdAt: this.clock.now(), result: null, pending: true })
         const r = await fn()
-        await this.results.put(k, { hash, createdAt: this.clock.now(), result: r })
+        await keep(r)
         return r
       } catch (e) {
         // A definite answer is a result too: a rejection, or a failed payment (`payment_failed`:
         // a payment was attempted, it may yet settle and its reservation may still be held), so
         // replays see it and never pay again. Internal errors are not stored, nor errors raised
         // before anything was signed (the target down, its 402 unreadable): a retry may succeed.
-        if (e instanceof PaygateError && !NEVER_STORED.has(e.code) && !unpaid(e)) {
-          await this.results.put(k, { hash, createdAt: this.clock.now(), result: { error: { code: e.code, detail: e.detail, extra: e.extra } } })
-        }
+        // After an internal error the marker stays: what the run did is recovered next time.
+        if (e instanceof PaygateError && !NEVER_STORED.has(e.code) && !unpaid(e)) await keep({ error: { code: e.code, detail: e.detail, extra: e.extra } })
+        else if (e instanceof PaygateError && unpaid(e)) await this.results.del(k)
         throw e
       }
     })()

@@ -152,6 +152,24 @@ export class Transactions {
     return { records, nextCursor: more ? ids[ids.length - 1]! : null }
   }
 
+  /**
+   * The agent's transaction made under `idempotencyKey` since `since` (ms), newest first, or
+   * undefined: how a request cut off by a crash finds what it did. Ids are time-ordered, so
+   * the scan stops at the first older record.
+   */
+  async findByIdempotencyKey(agentId: string, key: string, since: number): Promise<TxRecord | undefined> {
+    let cursor: string | undefined
+    for (;;) {
+      const page = await this.list({ agentId, limit: 100, ...(cursor ? { cursor } : {}) })
+      for (const r of page.records) {
+        if (r.createdAt < since) return undefined
+        if (r.idempotencyKey === key) return r
+      }
+      if (!page.nextCursor) return undefined
+      cursor = page.nextCursor
+    }
+  }
+
   async *all(status: TxStatus): AsyncIterable<TxRecord> {
     for await (const k of this.byStatus.keys({ gte: `${status}\x00`, lt: `${status}\x01` })) {
       const r = await this.records.get(k.slice(status.length + 1))

@@ -455,8 +455,23 @@ export class ProxyServer implements FastHost {
     const live: { out?: PayOutcome } = {}
     let stored: Stored & { unpaid?: string }
     try {
-      stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, requestDigest(p), async () => {
-        const out = await this.d.engine.pay(p)
+      // The request is its method, URL and body (and their type): headers an agent's HTTP stack
+      // adds per attempt (trace ids, retry counters) do not make a retry another request.
+      const contentType = p.headers['content-type']
+      const digest = requestDigest({ ...p, headers: contentType === undefined ? {} : { 'content-type': contentType } })
+      const recover = async (startedAt: number): Promise<(Stored & { unpaid?: string }) | undefined> => {
+        const rec = await this.d.engine.cutOff(agentId, key, startedAt)
+        if (!rec) return undefined
+        const body = Buffer.from(JSON.stringify({ error: 'upstream_body_lost', detail: "Paygate restarted before this request's answer was returned; the payment stands", status: rec.upstreamStatus ?? null, txHash: rec.txHash }))
+        return {
+          status: 502,
+          headers: { 'content-type': 'application/json', 'content-length': String(body.length), 'x-paygate-error': 'upstream_body_lost' },
+          body: body.toString('base64'),
+          payment: { txHash: rec.txHash!, amount: rec.amount, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin' },
+        }
+      }
+      stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, digest, async () => {
+        const out = await this.d.engine.pay({ ...p, idempotencyKey: key })
         let read: { head: Buffer; rest: Readable | null }
         try {
           read = await collectUpTo(out.response.body, MAX_IDEMPOTENT_BODY)
@@ -483,7 +498,7 @@ export class ProxyServer implements FastHost {
           ...(out.session ? { session: true } : {}),
           ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
         }
-      })
+      }, undefined, recover)
     } catch (e) {
       if (e instanceof NotKept && live.out) return live.out
       live.out?.response.body.destroy()

@@ -161,7 +161,9 @@ t.test('a POST body is resent intact on the paid retry; Paygate headers never re
   })
   t.equal(r.statusCode, 200)
   t.equal(await r.body.text(), payload)
-  const again = await request(`${v2.https}/paid`, { dispatcher: proxyAgent, method: 'POST', headers: { 'content-type': 'application/json', 'x-paygate-idempotency-key': 'post-1' }, body: payload })
+  // A retry from an HTTP stack that adds its own per-attempt headers is the same request.
+  const retryHeaders = { 'content-type': 'application/json', 'x-paygate-idempotency-key': 'post-1', traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'x-retry-count': '1' }
+  const again = await request(`${v2.https}/paid`, { dispatcher: proxyAgent, method: 'POST', headers: retryHeaders, body: payload })
   t.equal(again.statusCode, 200)
   t.equal(again.headers['x-paygate-tx'], r.headers['x-paygate-tx'], 'the idempotent replay pays nothing new')
   await again.body.dump()

@@ -1,6 +1,6 @@
 import t from 'tap'
 import { rmSync } from 'node:fs'
-import { Idempotency, nothingSigned, unreached } from '../../src/engine/idempotency.js'
+import { canonicalJson, Idempotency, nothingSigned, unreached } from '../../src/engine/idempotency.js'
 import { PaygateError } from '../../src/errors/index.js'
 import { Store } from '../../src/store/index.js'
 import { ManualClock } from '../../src/util/clock.js'
@@ -73,4 +73,62 @@ t.test('idempotency keys: which errors are kept', async (t) => {
       t.equal(await idem.run('a', key, 'h', f.fn, unpaid), 2, `${what}: then its success is kept`)
     }
   }
+})
+
+t.test('idempotency keys: a run cut off by a crash is recovered from what it recorded, never simply run again', async (t) => {
+  const dir = tempDir()
+  const clock = new ManualClock()
+  let store = await Store.open(dir)
+  t.teardown(async () => {
+    await store.close()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  // The first process: the run starts (its marker is written before fn) and never ends.
+  let started = false
+  const first = new Idempotency(store, clock, 60_000)
+  void first.run('a', 'k', 'h', () => {
+    started = true
+    return new Promise<number>(() => {})
+  })
+  while (!started) await new Promise((r) => setImmediate(r))
+  const startedAt = clock.now()
+  await store.close()
+
+  // After the restart: the marker says the run was cut off; recover decides.
+  clock.advance(5_000)
+  store = await Store.open(dir)
+  const idem = new Idempotency(store, clock, 60_000)
+  let ran = 0
+  const asked: number[] = []
+  await t.rejects(
+    idem.run('a', 'k', 'h', async () => ++ran, unreached, async (at) => {
+      asked.push(at)
+      throw new PaygateError('unavailable', 'still settling')
+    }),
+    { code: 'unavailable' },
+    'still settling: retry later',
+  )
+  t.equal(await idem.run('a', 'k', 'h', async () => ++ran, unreached, async () => 42), 42, 'recovered from the record')
+  t.equal(await idem.run('a', 'k', 'h', async () => ++ran, unreached, async () => 7), 42, 'and kept: later calls replay it')
+  t.equal(ran, 0, 'the cut-off request never ran again')
+  t.same(asked, [startedAt], 'recover is told when the cut-off run started')
+  await t.rejects(idem.run('a', 'k', 'other', async () => ++ran), { code: 'idempotency_conflict' }, 'the marker holds the key for its request')
+
+  // Another cut-off run, of which nothing went out: it runs again.
+  const other = new Idempotency(store, clock, 60_000)
+  let hung = false
+  void other.run('a', 'k2', 'h', () => {
+    hung = true
+    return new Promise<number>(() => {})
+  })
+  while (!hung) await new Promise((r) => setImmediate(r))
+  const fresh = new Idempotency(store, clock, 60_000)
+  t.equal(await fresh.run('a', 'k2', 'h', async () => ++ran, unreached, async () => undefined), 1, 'recover found nothing: run again')
+  t.equal(await fresh.run('a', 'k2', 'h', async () => ++ran), 1, 'that result is kept')
+})
+
+t.test('canonical JSON: the same value in another key order is the same text', async (t) => {
+  t.equal(canonicalJson({ b: 2, a: { d: [1, { z: 1, y: 2 }], c: null } }), canonicalJson({ a: { c: null, d: [1, { y: 2, z: 1 }] }, b: 2 }))
+  t.equal(canonicalJson({ b: 2, a: 'x' }), '{"a":"x","b":2}')
+  t.not(canonicalJson({ a: [1, 2] }), canonicalJson({ a: [2, 1] }), 'array order matters')
 })

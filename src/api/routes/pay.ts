@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream'
 import type { PaymentEngine } from '../../engine/engine.js'
-import { nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
+import { canonicalJson, nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
 import { collect } from '../../util/collect.js'
 import { usdc } from '../../util/money.js'
@@ -24,6 +24,8 @@ interface PayBody {
   method: string
   headers: Record<string, string>
   body: Buffer | null
+  /** The JSON `body` with its keys sorted: the same body in another key order is the same request. */
+  canonicalBody: Buffer | null
   idempotencyKey?: string
   parentTxHash?: string
 }
@@ -58,8 +60,10 @@ function parsePay(raw: unknown): PayBody {
     }
   }
   let body: Buffer | null = null
+  let canonicalBody: Buffer | null = null
   if (b.body !== undefined && b.body !== null) {
     body = Buffer.from(JSON.stringify(b.body))
+    canonicalBody = Buffer.from(canonicalJson(b.body))
     headers['content-type'] ??= 'application/json'
   }
   if (b.idempotencyKey !== undefined && (typeof b.idempotencyKey !== 'string' || b.idempotencyKey.length < 1 || b.idempotencyKey.length > 255)) {
@@ -74,6 +78,7 @@ function parsePay(raw: unknown): PayBody {
     method,
     headers,
     body,
+    canonicalBody,
     ...(b.idempotencyKey !== undefined ? { idempotencyKey: b.idempotencyKey as string } : {}),
     ...(b.parentTxHash !== undefined ? { parentTxHash: b.parentTxHash as string } : {}),
   }
@@ -113,7 +118,15 @@ async function readData(body: Readable): Promise<{ data: Buffer } | DataError> {
 /** `POST /v1/pay`: the payment engine behind the API, with idempotency keys. */
 export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
   async function run(p: PayBody): Promise<Reply> {
-    const out = await engine.pay({ agentId: p.agentId, url: p.url, method: p.method, headers: p.headers, body: p.body, ...(p.parentTxHash ? { parentTxHash: p.parentTxHash } : {}) })
+    const out = await engine.pay({
+      agentId: p.agentId,
+      url: p.url,
+      method: p.method,
+      headers: p.headers,
+      body: p.body,
+      ...(p.parentTxHash ? { parentTxHash: p.parentTxHash } : {}),
+      ...(p.idempotencyKey ? { idempotencyKey: p.idempotencyKey } : {}),
+    })
     if (out.unpaid) {
       out.response.body.resume()
       throw out.unpaid
@@ -137,6 +150,27 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         ...('error' in read ? { dataError: read } : {}),
         ...(out.session ? { session: 'reused' } : {}),
         ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: pay.settlement ? { success: pay.settlement.success, transaction: pay.settlement.transaction, network: pay.settlement.network } : null } : {}),
+        ...(out.held ? { transactionId: out.held.transactionId } : {}),
+      },
+    }
+  }
+
+  /** A request under this key was cut off by a crash: a paid one answers without its data (lost with the process). */
+  async function recover(p: PayBody, startedAt: number): Promise<Reply | undefined> {
+    const rec = await engine.cutOff(p.agentId, p.idempotencyKey!, startedAt)
+    if (!rec) return undefined
+    return {
+      status: 200,
+      body: {
+        protocol: rec.protocol,
+        amountPaid: usdc(BigInt(rec.amount)),
+        txHash: rec.txHash,
+        status: rec.upstreamStatus ?? null,
+        data: null,
+        dataError: { error: 'upstream_body_lost', detail: "Paygate restarted before this request's answer was returned; the payment is recorded" },
+        transactionId: rec.id,
+        rail: rec.rail ?? 'stablecoin',
+        settlement: rec.settlement ? { success: rec.settlement.success, transaction: rec.settlement.transaction, network: rec.settlement.network } : null,
       },
     }
   }
@@ -150,7 +184,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         requireAgentAccess(ctx.identity, p.agentId)
         if (!p.idempotencyKey) return run(p)
         // run() raises nothing once a payment is made, so an unreadable 402 is not stored either.
-        return idem.run(p.agentId, p.idempotencyKey, requestDigest(p), () => run(p), nothingSigned)
+        return idem.run(p.agentId, p.idempotencyKey, requestDigest({ ...p, body: p.canonicalBody }), () => run(p), nothingSigned, (startedAt) => recover(p, startedAt))
       },
     },
   ]

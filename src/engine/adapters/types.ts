@@ -14,6 +14,8 @@ export interface PayRequest {
   headers: Record<string, string>
   body: Buffer | null
   parentTxHash?: string
+  /** The caller's idempotency key, kept on the transaction so a replay after a crash finds it. */
+  idempotencyKey?: string
 }
 
 /** The agent's wallet as an adapter may use it: its address and a digest signer. */
