@@ -45,6 +45,9 @@ function addressBytes(a: string): Buffer {
   return Buffer.from(a.slice(2), 'hex')
 }
 
+/** How often an external chain's fees are asked again for records signed from then on. */
+const FEE_REFRESH_MS = 60_000
+
 export const recordIdOf = (txId: string): Hex => keccak256(txId, 'utf8')
 
 /**
@@ -53,6 +56,7 @@ export const recordIdOf = (txId: string): Hex => keccak256(txId, 'utf8')
  */
 export class LedgerWriter {
   private fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint } = { maxFeePerGas: 0n, maxPriorityFeePerGas: 0n }
+  private feesAt = 0
   private blockReceiptsWork = true
   /** The ledger address as bytes, converted once. */
   private to: { address: string; bytes: Buffer } | undefined
@@ -72,6 +76,16 @@ export class LedgerWriter {
     }
     const est = await this.chain.publicClient.estimateFeesPerGas()
     this.fees = { maxFeePerGas: est.maxFeePerGas * 2n, maxPriorityFeePerGas: est.maxPriorityFeePerGas }
+    this.feesAt = Date.now()
+  }
+
+  /**
+   * On an external chain, fees for records signed from now on follow the chain (every
+   * FEE_REFRESH_MS): a record signed below what the chain has come to ask waits, with every
+   * record after it, until fees come down; a signed record's fee cannot change (its hash would).
+   */
+  async refreshFeesIfDue(): Promise<void> {
+    if (!this.chain.embedded && Date.now() - this.feesAt >= FEE_REFRESH_MS) await this.refreshFees()
   }
 
   sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {

@@ -27,6 +27,12 @@ const MAX_SEND = 1000
  * order as the held records are confirmed.
  */
 const MAX_HELD = 20_000
+/**
+ * A record sent this long ago with no receipt is sent again, with those after it: a node may
+ * drop a transaction from its pool (a restart, eviction), and nothing after it can be mined.
+ * Sending again what the node has is harmless ("already known").
+ */
+const RESEND_AFTER_MS = 60_000
 
 /**
  * Durable outbox of ledger records. A record is signed with the next local nonce and
@@ -54,6 +60,8 @@ export class Outbox {
   /** While records up to (not including) this nonce wait in the store only. */
   private spilledUpTo: bigint | null = null
   private rerun = false
+  /** When each unconfirmed record (by hash) was last sent. */
+  private readonly sentAt = new Map<string, number>()
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
   private closed = false
@@ -66,6 +74,7 @@ export class Outbox {
     private readonly log: Logger,
     private readonly pollMs = 100,
     private readonly maxHeld = MAX_HELD,
+    private readonly resendAfterMs = RESEND_AFTER_MS,
   ) {
     this.entries = store.collection('ledgerOutbox')
     this.meta = store.collection('meta')
@@ -188,10 +197,14 @@ export class Outbox {
   /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
     if (this.spilledUpTo !== null) await this.readBack()
+    await this.writer.refreshFeesIfDue().catch((e: unknown) => this.log.warn({ err: e }, 'refreshing ledger fees failed; the last ones are used'))
     while (this.unsent.length) {
       const batch = this.unsent.slice(0, MAX_SEND)
       const r = await this.writer.broadcast(batch.map((e) => e.raw)).catch((e: unknown) => ({ sent: 0, error: e }))
-      this.unconfirmed.push(...this.unsent.splice(0, r.sent))
+      const sent = this.unsent.splice(0, r.sent)
+      const now = Date.now()
+      for (const e of sent) this.sentAt.set(e.hash, now)
+      this.unconfirmed.push(...sent)
       if (r.error) throw r.error
     }
     // Confirming stops at the first record without a receipt: a pass costs what changed, not the whole backlog.
@@ -227,9 +240,15 @@ export class Outbox {
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
     })
     await this.store.batch(ops)
+    for (const { e } of confirmed) this.sentAt.delete(e.hash)
     this.unconfirmed.splice(0, confirmed.length)
     this.stored -= confirmed.length
-    if (left || this.spilledUpTo !== null) this.schedule(this.pollMs)
+    const stuck = this.unconfirmed[0]
+    if (stuck && Date.now() - (this.sentAt.get(stuck.hash) ?? 0) >= this.resendAfterMs) {
+      this.log.warn({ txId: stuck.txId, hash: stuck.hash, waiting: this.unconfirmed.length }, 'a ledger record has no receipt long after it was sent; sending it and those after it again')
+      this.unsent = [...this.unconfirmed.splice(0), ...this.unsent]
+    }
+    if (left || this.spilledUpTo !== null || this.unsent.length) this.schedule(this.pollMs)
   }
 
   /** Stop the pump; what is stored stays stored and is sent after the next start. */

@@ -24,6 +24,10 @@ class FakeWriter {
   async init(): Promise<bigint> {
     return 0n
   }
+  feeRefreshes = 0
+  async refreshFeesIfDue(): Promise<void> {
+    this.feeRefreshes++
+  }
   sign(_e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
     const hash = hashOf(nonce)
     this.byHash.set(hash, { success: !this.reverted.has(Number(nonce)), blockNumber: this.blockOf(Number(nonce)) })
@@ -58,10 +62,10 @@ const recordOf = (i: number): TxRecord => ({
   protocol: 'x402', amount: '1', txHash: null, parentTxHash: null, depth: 0,
 })
 
-async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-'), maxHeld?: number): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
+async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-'), maxHeld?: number, resendAfterMs?: number): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
   const store = await Store.open(dir)
   const transactions = new Transactions(store)
-  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10, maxHeld)
+  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10, maxHeld, resendAfterMs)
   t.teardown(async () => {
     await outbox.close()
     await store.close()
@@ -169,4 +173,17 @@ t.test('a backlog longer than what is held in memory waits in the store and goes
   t.same(again.broadcasts.flat(), [12, 13, 14, 15, 16, 17, 18, 19, 20])
   const got = await second.transactions.getMany([...Array(21).keys()].map((i) => recordOf(i).id))
   t.ok(got.every((r, i) => r?.ledger?.status === 'confirmed' && r.ledger.blockNumber === 100 + i))
+})
+
+t.test('a record the node dropped (no receipt long after it was sent) is sent again with those after it, while running; fees are refreshed each pass', async (t) => {
+  const writer = new FakeWriter(() => 4)
+  const o = await open(t, writer, undefined, undefined, 200)
+  t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
+  await record(o, 0, 3)
+  const end = Date.now() + 5_000
+  while (writer.broadcasts.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 20))
+  t.same(writer.broadcasts.slice(0, 2), [[0, 1, 2], [0, 1, 2]], 'no receipt after the wait: the same records again, in nonce order')
+  writer.mined = true
+  t.ok(await o.outbox.drain(5_000), 'then confirmed')
+  t.ok(writer.feeRefreshes >= 2, 'each pass asks for fees (the writer refreshes them when due)')
 })
