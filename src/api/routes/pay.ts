@@ -1,4 +1,5 @@
 import type { Readable } from 'node:stream'
+import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib'
 import type { PaymentEngine } from '../../engine/engine.js'
 import { canonicalJson, nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
@@ -9,8 +10,13 @@ import { onlyFields } from '../http.js'
 import { requireAgentAccess, type Reply, type Route } from '../router.js'
 
 const METHODS = new Set(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS'])
-/** Hop-by-hop and transport headers a caller may not set for the target. */
-const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length'])
+/**
+ * Hop-by-hop and transport headers a caller may not set for the target; and Accept-Encoding:
+ * Paygate reads the answer itself to return it as `data`.
+ */
+const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length', 'accept-encoding'])
+/** Content codings a target may use unasked, decoded before `data` is parsed. */
+const DECODERS: Readonly<Record<string, (b: Buffer, o: { maxOutputLength: number }) => Buffer>> = { gzip: gunzipSync, 'x-gzip': gunzipSync, deflate: inflateSync, br: brotliDecompressSync }
 /** Headers undici refuses to send (it throws before connecting); those it also refuses and that are hop-by-hop are STRIPPED. */
 const REFUSED = new Set(['expect'])
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
@@ -115,6 +121,20 @@ async function readData(body: Readable): Promise<{ data: Buffer } | DataError> {
   }
 }
 
+/** The body with its content coding undone (up to MAX_DATA_BYTES decoded); an unknown coding is left as it is. */
+function decoded(read: { data: Buffer } | DataError, coding: string | string[] | undefined): { data: Buffer } | DataError {
+  const decode = DECODERS[String(coding ?? '').trim().toLowerCase()]
+  if (!decode || 'error' in read) return read
+  try {
+    return { data: decode(read.data, { maxOutputLength: MAX_DATA_BYTES }) }
+  } catch (e) {
+    const tooLarge = (e as NodeJS.ErrnoException).code === 'ERR_BUFFER_TOO_LARGE'
+    return tooLarge
+      ? { error: 'upstream_body_too_large', detail: `the target's answer exceeds ${MAX_DATA_BYTES} bytes once decoded, the most POST /v1/pay returns` }
+      : { error: 'upstream_body_lost', detail: `the target's ${String(coding)} answer cannot be decoded: ${(e as Error).message}` }
+  }
+}
+
 /** `POST /v1/pay`: the payment engine behind the API, with idempotency keys. */
 export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
   async function run(p: PayBody): Promise<Reply> {
@@ -131,7 +151,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
       out.response.body.resume()
       throw out.unpaid
     }
-    const read = await readData(out.response.body)
+    const read = decoded(await readData(out.response.body), out.response.headers['content-encoding'])
     // The engine accounted for this call (paid, served under a session, or sent an authorization
     // it still holds): the answer stands with `data: null` and why, and an idempotent replay
     // returns it, never paying again. A call that was only relayed is an error, free to retry.
