@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, writeFileSync, chmodSync } from 'node:fs'
+import { chmodSync, existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { PaygateError, notFound } from '../errors/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
@@ -37,6 +37,8 @@ export interface IssuedKey {
 
 /** Something else stored per agent (policy, usage, ...) that goes when the agent goes. */
 export type AgentCascade = (agentId: string) => BatchOp[] | Promise<BatchOp[]>
+/** Told once an agent's delete is written (still under its lock): the place to drop what is cached of it. */
+export type AgentDeleted = (agentId: string) => void
 
 const ENV_KEY_ID = 'key_environment'
 const CACHE_MAX = 10_000
@@ -46,6 +48,8 @@ export function validateAgentId(id: unknown): string {
   if (typeof id !== 'string' || !AGENT_ID_RE.test(id)) {
     throw new PaygateError('invalid_request', 'agentId must match [A-Za-z0-9._-]{1,64}', { field: 'agentId' })
   }
+  // URL parsing drops `.` and `..` path segments: such an agent could never be addressed.
+  if (/^\.+$/.test(id)) throw new PaygateError('invalid_request', 'agentId cannot be made only of dots', { field: 'agentId' })
   if (RESERVED_AGENT_IDS.has(id)) {
     throw new PaygateError('invalid_request', `agentId "${id}" is reserved`, { field: 'agentId' })
   }
@@ -66,8 +70,13 @@ export class Registry {
   private readonly agentCache = new Map<string, AgentRecord>()
   private readonly mutex = new KeyedMutex()
   private readonly cascades: AgentCascade[] = []
+  private readonly deleted: AgentDeleted[] = []
   private readonly envKeyHash: string | null
-  /** Bumped whenever a verified key stops being valid, so that callers' own caches can tell. */
+  /**
+   * Bumped whenever a verified key stops being valid or an agent is deleted, so that callers'
+   * own caches can tell. A read that began before a bump must not cache what it read: the
+   * revoke or delete may have landed in between, and its cache clear has already run.
+   */
   private revoked = 0
 
   constructor(
@@ -82,8 +91,10 @@ export class Registry {
     this.envKeyHash = envAccountKey ? hashKey(envAccountKey) : null
   }
 
-  onAgentDelete(cascade: AgentCascade): void {
+  /** `cascade` adds its ops to the delete's batch; `deleted` runs once that batch is written. */
+  onAgentDelete(cascade: AgentCascade, deleted?: AgentDeleted): void {
     this.cascades.push(cascade)
+    if (deleted) this.deleted.push(deleted)
   }
 
   private nowIso(): string {
@@ -100,14 +111,26 @@ export class Registry {
     if (kind === 'account' && this.envKeyHash && sameHash(hash, this.envKeyHash)) return { kind: 'account', keyId: ENV_KEY_ID }
     const hit = this.cache.get(hash)
     if (hit) return hit
+    let revision = this.revoked
+    let id = await this.lookup(hash, kind)
+    // A revoke or delete was written while reading (the bump follows the write): what was
+    // read may predate it, so read again, and cache only a read that nothing overtook.
+    if (revision !== this.revoked) {
+      revision = this.revoked
+      id = await this.lookup(hash, kind)
+    }
+    if (!id || revision !== this.revoked) return id
+    if (this.cache.size >= CACHE_MAX) this.cache.delete(this.cache.keys().next().value!)
+    this.cache.set(hash, id)
+    return id
+  }
+
+  private async lookup(hash: string, kind: KeyKind): Promise<Identity | null> {
     const keyId = await this.keyByHash.get(hash)
     if (!keyId) return null
     const rec = await this.keys.get(keyId)
     if (!rec || rec.revokedAt || rec.kind !== kind || !sameHash(rec.hash, hash)) return null
-    const id: Identity = rec.kind === 'agent' ? { kind: 'agent', keyId, agentId: rec.agentId! } : { kind: 'account', keyId }
-    if (this.cache.size >= CACHE_MAX) this.cache.delete(this.cache.keys().next().value!)
-    this.cache.set(hash, id)
-    return id
+    return rec.kind === 'agent' ? { kind: 'agent', keyId, agentId: rec.agentId! } : { kind: 'account', keyId }
   }
 
   // ---- keys ---------------------------------------------------------------------------
@@ -165,8 +188,9 @@ export class Registry {
     return this.revoked
   }
 
-  private forget(hash: string): void {
-    this.cache.delete(hash)
+  /** Drop these keys from the cache once their revoke or delete is written. */
+  private forget(hashes: string[]): void {
+    for (const h of hashes) this.cache.delete(h)
     this.revoked++
   }
 
@@ -187,7 +211,7 @@ export class Registry {
         { type: 'put', coll: this.keys, key: keyId, value: updated },
         { type: 'del', coll: this.keyByHash, key: rec.hash },
       ])
-      this.forget(rec.hash)
+      this.forget([rec.hash])
       return updated
     })
   }
@@ -213,8 +237,16 @@ export class Registry {
   async getAgent(agentId: string): Promise<AgentRecord | undefined> {
     const hit = this.agentCache.get(agentId)
     if (hit) return hit
-    const a = AGENT_ID_RE.test(agentId) ? await this.agents.get(agentId) : undefined
-    if (a) this.agentCache.set(agentId, a)
+    if (!AGENT_ID_RE.test(agentId)) return undefined
+    let revision = this.revoked
+    let a = await this.agents.get(agentId)
+    // As in `verify`: a delete written meanwhile has already cleared the cache, so read again
+    // and do not put back what it removed.
+    if (revision !== this.revoked) {
+      revision = this.revoked
+      a = await this.agents.get(agentId)
+    }
+    if (a && revision === this.revoked) this.agentCache.set(agentId, a)
     return a
   }
 
@@ -250,7 +282,8 @@ export class Registry {
       for (const c of this.cascades) ops.push(...(await c(agentId)))
       await this.store.batch(ops)
       this.agentCache.delete(agentId)
-      for (const k of keys) this.forget(k.hash)
+      this.forget(keys.map((k) => k.hash))
+      for (const d of this.deleted) d(agentId)
     })
   }
 
@@ -258,27 +291,33 @@ export class Registry {
 
   /**
    * On first start, create an account key and write it to a 0600 file in the data
-   * directory. A key file whose key the store does not know (e.g. state wiped) is
-   * re-registered so the operator's key keeps working.
+   * directory. A key file whose key the store has no record of (e.g. state wiped) is
+   * re-registered so the operator's key keeps working; a revoked key never comes back:
+   * with no active account key left, a new one replaces it in the file (`created`).
    */
   async bootstrapAccountKey(dataDir: string): Promise<{ file: string; created: boolean; apiKey: string | null }> {
     const file = join(dataDir, ACCOUNT_KEY_FILE)
-    const active = (await this.listAccountKeys()).filter((k) => !k.revokedAt)
-    if (existsSync(file)) {
-      const key = readFileSync(file, 'utf8').trim()
-      if (keyKindOf(key) === 'account' && active.length === 0 && !(await this.keyByHash.get(hashKey(key)))) {
-        const rec: KeyRecord = { keyId: newKeyId(), kind: 'account', hash: hashKey(key), prefix: displayPrefix(key), createdAt: this.nowIso() }
+    const known = await this.listAccountKeys()
+    if (known.some((k) => !k.revokedAt)) return { file, created: false, apiKey: null }
+    const inFile = existsSync(file) ? readFileSync(file, 'utf8').trim() : ''
+    if (keyKindOf(inFile) === 'account') {
+      const hash = hashKey(inFile)
+      if (!known.some((k) => sameHash(k.hash, hash))) {
+        const rec: KeyRecord = { keyId: newKeyId(), kind: 'account', hash, prefix: displayPrefix(inFile), createdAt: this.nowIso() }
         await this.store.batch([
           { type: 'put', coll: this.keys, key: rec.keyId, value: rec },
           { type: 'put', coll: this.keyByHash, key: rec.hash, value: rec.keyId },
         ])
+        return { file, created: false, apiKey: null }
       }
-      return { file, created: false, apiKey: null }
     }
-    if (active.length > 0) return { file, created: false, apiKey: null }
-    const issued = await this.issueAccountKey()
-    writeFileSync(file, `${issued.apiKey}\n`, { mode: 0o600 })
-    chmodSync(file, 0o600)
+    // The file first: a crash before the store write leaves a key file that the next start registers.
+    const { issued, ops } = this.keyOps('account')
+    const tmp = `${file}.tmp`
+    writeFileSync(tmp, `${issued.apiKey}\n`, { mode: 0o600 })
+    chmodSync(tmp, 0o600)
+    renameSync(tmp, file)
+    await this.store.batch(ops)
     return { file, created: true, apiKey: issued.apiKey }
   }
 }

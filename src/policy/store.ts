@@ -12,6 +12,8 @@ export class PolicyStore {
   /** Write-through caches: this process is the only writer of its data directory. */
   private readonly policyCache = new Map<string, StoredPolicy>()
   private readonly usageCache = new Map<string, UsageState>()
+  /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
+  private deletes = 0
 
   constructor(
     store: Store,
@@ -20,14 +22,19 @@ export class PolicyStore {
   ) {
     this.policies = store.collection('policies')
     this.usage = store.collection('usage')
-    registry.onAgentDelete((agentId): BatchOp[] => {
-      this.policyCache.delete(agentId)
-      this.usageCache.delete(agentId)
-      return [
+    registry.onAgentDelete(
+      (agentId): BatchOp[] => [
         { type: 'del', coll: this.policies, key: agentId },
         { type: 'del', coll: this.usage, key: agentId },
-      ]
-    })
+      ],
+      // Only once the delete is written: cleared earlier, a concurrent read would cache the
+      // old policy again, and an agent recreated under the same id would inherit it.
+      (agentId) => {
+        this.policyCache.delete(agentId)
+        this.usageCache.delete(agentId)
+        this.deletes++
+      },
+    )
   }
 
   /** The policy if it is in memory (no store read). */
@@ -38,17 +45,21 @@ export class PolicyStore {
   async policyOf(agentId: string): Promise<StoredPolicy> {
     const hit = this.policyCache.get(agentId)
     if (hit) return hit
+    const deletes = this.deletes
     const p = (await this.policies.get(agentId)) ?? defaultPolicy()
-    this.policyCache.set(agentId, p)
-    return p
+    // A policy cached meanwhile (`update`) is newer than what was read.
+    if (deletes === this.deletes && !this.policyCache.has(agentId)) this.policyCache.set(agentId, p)
+    return this.policyCache.get(agentId) ?? p
   }
 
   async usageOf(agentId: string): Promise<UsageState> {
     const hit = this.usageCache.get(agentId)
     if (hit) return hit
+    const deletes = this.deletes
     const u = (await this.usage.get(agentId)) ?? emptyUsage()
-    this.usageCache.set(agentId, u)
-    return u
+    // A cached value that came in meanwhile (`usageOp`) is newer than what was read.
+    if (deletes === this.deletes && !this.usageCache.has(agentId)) this.usageCache.set(agentId, u)
+    return this.usageCache.get(agentId) ?? u
   }
 
   /**

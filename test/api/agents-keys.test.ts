@@ -20,7 +20,8 @@ t.test('create, read, list and delete agents', async (t) => {
   t.equal(dup.status, 409)
   t.equal(dup.body.error, 'conflict')
 
-  for (const bad of ['', 'has space', 'x'.repeat(65), 'a/b', 'ünï', 42, 'invoke']) {
+  // Only dots: URL parsing drops `.` and `..` path segments, so /v1/agents/.. could never reach it.
+  for (const bad of ['', 'has space', 'x'.repeat(65), 'a/b', 'ünï', 42, 'invoke', '.', '..', '...']) {
     const res = await gw.api('POST', '/v1/agents', { body: { agentId: bad } })
     t.equal(res.status, 400, `agentId ${JSON.stringify(bad)}`)
     t.same([res.body.error, res.body.field], ['invalid_request', 'agentId'])
@@ -56,6 +57,13 @@ t.test('create, read, list and delete agents', async (t) => {
   t.equal(again.status, 201, 'the id can be reused')
   t.same((await gw.api('GET', '/v1/policies/research.bot-1')).body.blockedDomains, [], 'with a fresh policy')
   t.notOk((await gw.api('GET', '/v1/policies/research.bot-1')).body.dailyBudget)
+})
+
+t.test('ids with dots that are not only dots are reachable', async (t) => {
+  for (const id of ['.hidden', 'a..b', '..x', '...x']) {
+    t.equal((await gw.api('POST', '/v1/agents', { body: { agentId: id } })).status, 201, `create ${id}`)
+    t.equal((await gw.api('GET', `/v1/agents/${id}`)).body.agentId, id, `read ${id}`)
+  }
 })
 
 t.test('issue, list and revoke agent keys', async (t) => {

@@ -1,0 +1,132 @@
+import t from 'tap'
+import { rmSync } from 'node:fs'
+import { Registry } from '../../src/agents/registry.js'
+import { PolicyStore } from '../../src/policy/store.js'
+import { Store, type Collection } from '../../src/store/index.js'
+import { systemClock } from '../../src/util/clock.js'
+import { tempDir } from '../helpers/gateway.js'
+
+/**
+ * Revokes and deletes racing with reads, interleaved deterministically on a real store: a
+ * reader is held between its store read and its cache write while the change runs.
+ */
+const dir = tempDir('paygate-races-')
+const store = await Store.open(dir)
+t.teardown(async () => {
+  await store.close()
+  rmSync(dir, { recursive: true, force: true })
+})
+const registry = new Registry(store, systemClock)
+const policies = new PolicyStore(store, registry, systemClock)
+
+/** Hold the next `get(key)` of a collection once it has read, until `release`; other reads pass. */
+function holdNextRead<T>(coll: Collection<T>, key: string): { reached: Promise<void>; release: () => void } {
+  const read = Object.getPrototypeOf(coll).get as Collection<T>['get']
+  let reached!: () => void
+  let release!: () => void
+  const reachedP = new Promise<void>((r) => (reached = r))
+  const released = new Promise<void>((r) => (release = r))
+  coll.get = async (k: string): Promise<T | undefined> => {
+    const v = await read.call(coll, k)
+    if (k !== key) return v
+    delete (coll as Partial<Collection<T>>).get
+    reached()
+    await released
+    return v
+  }
+  return { reached: reachedP, release }
+}
+
+t.test('a key revoked while it is being verified is not cached as valid', async (t) => {
+  await registry.createAgent('r1')
+  const k = await registry.issueAgentKey('r1')
+  const hold = holdNextRead(store.collection('keys'), k.keyId)
+  const verifying = registry.verify(k.apiKey)
+  await hold.reached
+  await registry.revokeKey(k.keyId)
+  hold.release()
+  t.equal(await verifying, null, 'the read the revoke overtook is redone')
+  t.equal(await registry.verify(k.apiKey), null, 'the revoked key stays refused')
+})
+
+t.test('a key of an agent deleted while it is being verified is not cached as valid', async (t) => {
+  const { key } = await registry.createAgent('r2')
+  const hold = holdNextRead(store.collection('keys'), key.keyId)
+  const verifying = registry.verify(key.apiKey)
+  await hold.reached
+  await registry.deleteAgent('r2')
+  hold.release()
+  t.equal(await verifying, null)
+  t.equal(await registry.verify(key.apiKey), null, 'the deleted agent key stays refused')
+})
+
+t.test('an agent deleted while it is being read is not cached as existing', async (t) => {
+  await registry.createAgent('r3')
+  const hold = holdNextRead(store.collection('agents'), 'r3')
+  const reading = registry.getAgent('r3')
+  await hold.reached
+  await registry.deleteAgent('r3')
+  hold.release()
+  t.equal(await reading, undefined, 'the read the delete overtook is redone')
+  t.equal(registry.cachedAgent('r3'), undefined, 'nothing cached')
+  t.equal(await registry.getAgent('r3'), undefined)
+  await t.rejects(registry.requireAgent('r3'), { code: 'not_found' })
+})
+
+t.test('a policy read while its agent is deleted does not pass to an agent recreated under that id', async (t) => {
+  await registry.createAgent('p1')
+  await policies.update('p1', { dailyBudget: { usdc: 7 }, blockedDomains: ['old.example'] })
+  // Hold the delete after every cascade has given its ops, before its batch is written.
+  let cascaded!: () => void
+  let proceed!: () => void
+  const atBatch = new Promise<void>((r) => (cascaded = r))
+  const go = new Promise<void>((r) => (proceed = r))
+  let holding = true
+  registry.onAgentDelete(async () => {
+    if (holding) {
+      holding = false
+      cascaded()
+      await go
+    }
+    return []
+  })
+  const deleting = registry.deleteAgent('p1')
+  await atBatch
+  const during = await policies.policyOf('p1')
+  t.equal(during.dailyBudget, '7000000', 'before the delete is written the agent still has its policy')
+  proceed()
+  await deleting
+  t.equal(policies.cachedPolicy('p1'), undefined, 'the cache is cleared once the delete is written')
+  await registry.createAgent('p1')
+  const fresh = await policies.view('p1')
+  t.notOk('dailyBudget' in fresh, 'the new agent has no budget')
+  t.same(fresh.blockedDomains, [], 'and no blocked domains')
+})
+
+t.test('a policy read that the delete overtakes is not cached', async (t) => {
+  await registry.createAgent('p2')
+  // Stored, not cached: the next read goes to the store.
+  await store.collection('policies').put('p2', { dailyBudget: '9000000', blockedDomains: ['old.example'], protocolPreference: 'auto' })
+  const hold = holdNextRead(store.collection('policies'), 'p2')
+  const reading = policies.policyOf('p2')
+  await hold.reached
+  await registry.deleteAgent('p2')
+  hold.release()
+  await reading
+  t.equal(policies.cachedPolicy('p2'), undefined, 'the stale read is not cached')
+  await registry.createAgent('p2')
+  t.notOk('dailyBudget' in (await policies.view('p2')), 'the recreated agent has the default policy')
+})
+
+t.test('a policy read that an update overtakes does not replace the updated policy in the cache', async (t) => {
+  await registry.createAgent('p3')
+  await store.collection('policies').put('p3', { dailyBudget: '1000000', blockedDomains: [], protocolPreference: 'auto' })
+  const hold = holdNextRead(store.collection('policies'), 'p3')
+  const reading = policies.policyOf('p3')
+  await hold.reached
+  await policies.update('p3', { dailyBudget: { usdc: 2 } })
+  hold.release()
+  t.equal((await reading).dailyBudget, '2000000', 'the slow read answers the newer cached policy')
+  t.equal(policies.cachedPolicy('p3')?.dailyBudget, '2000000')
+  t.same((await policies.view('p3')).dailyBudget, { usdc: 2, usedToday: 0 })
+})
