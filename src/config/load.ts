@@ -262,7 +262,8 @@ export function loadConfig(input: LoadInput = {}): { config: Config; positional:
   }
   for (const spec of KEYS) {
     const v = env[envName(spec.path)]
-    if (v !== undefined) raw.set(spec.path, { value: v, source: 'env' })
+    // Empty means unset (e.g. `PAYGATE_API_PORT=` in a compose file): the file or default applies.
+    if (v !== undefined && v !== '') raw.set(spec.path, { value: v, source: 'env' })
   }
   for (const [path, value] of flags) raw.set(path, { value, source: 'flag' })
 
