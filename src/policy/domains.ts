@@ -10,10 +10,15 @@ import { parse } from 'tldts'
 const LABEL = '[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?'
 const HOST_RE = new RegExp(`^(?=.{1,253}$)${LABEL}(\\.${LABEL})*$`)
 
-/** Canonical host: lower case, punycode, no trailing dot, IPv6 without brackets. Null if not a host. */
+/**
+ * Canonical host: lower case, punycode, no trailing dot, IPv6 without brackets. Null if not a
+ * host. What the URL parser would rewrite into another host is refused, not stored as that
+ * host: `\` (read as `/`), `%` escapes, and IPv4 in any form but four decimal octets
+ * (`123` would be 0.0.0.123, `1.2.3` 1.2.0.3, `010.0.0.1` 8.0.0.1).
+ */
 export function normalizeHost(input: string): string | null {
   let h = input.trim()
-  if (!h || /[\s/?#@]/.test(h)) return null
+  if (!h || /[\s/\\?#@%]/.test(h)) return null
   if (h.startsWith('[') && h.endsWith(']')) h = h.slice(1, -1)
   if (isIP(h) === 6) {
     try {
@@ -30,7 +35,7 @@ export function normalizeHost(input: string): string | null {
   } catch {
     return null
   }
-  if (isIP(ascii) === 4) return ascii
+  if (isIP(ascii) === 4) return isIP(h) === 4 ? ascii : null
   return HOST_RE.test(ascii) ? ascii : null
 }
 

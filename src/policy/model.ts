@@ -26,8 +26,16 @@ export const defaultPolicy = (): StoredPolicy => ({ blockedDomains: [], protocol
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v)
 
-function amount(field: string, v: unknown): string {
-  if (!isObject(v) || !('usdc' in v)) throw invalid(field, `${field} must be an object {usdc: number}`)
+/** Unknown fields inside an object are refused as at the top level; `known` includes what a GET shows (read-only). */
+function onlyKnown(field: string, v: Record<string, unknown>, known: readonly string[]): void {
+  for (const k of Object.keys(v)) if (!known.includes(k)) throw invalid(`${field}.${k}`, `unknown policy field ${field}.${k}`)
+}
+
+/** `dailyBudget` and `perCallLimit`; `readOnly` is what a GET adds (`usedToday`). */
+function amount(field: string, v: unknown, readOnly: readonly string[] = []): string {
+  if (!isObject(v)) throw invalid(field, `${field} must be an object {usdc: number}`)
+  onlyKnown(field, v, ['usdc', ...readOnly])
+  if (!('usdc' in v)) throw invalid(field, `${field} must be an object {usdc: number}`)
   const raw = v.usdc
   if (typeof raw !== 'number' && typeof raw !== 'string') throw invalid(`${field}.usdc`, `${field}.usdc must be a number`)
   let units: bigint
@@ -51,7 +59,7 @@ function domains(field: string, v: unknown): string[] {
     if (!host) {
       throw invalid(
         `${field}[${i}]`,
-        `${field}[${i}] ${JSON.stringify(e)} is not a hostname, localhost or IP literal (no scheme, port, path or wildcard; a bare domain covers its subdomains)`,
+        `${field}[${i}] ${JSON.stringify(e)} is not a hostname, localhost or IP literal (no scheme, port, path, wildcard, \\ or %; IPv4 as four decimal octets; a bare domain covers its subdomains)`,
       )
     }
     out.add(host)
@@ -61,6 +69,7 @@ function domains(field: string, v: unknown): string[] {
 
 function rateLimit(v: unknown): { calls: number; window: RateWindow } {
   if (!isObject(v)) throw invalid('rateLimit', 'rateLimit must be an object {calls, window}')
+  onlyKnown('rateLimit', v, ['calls', 'window', 'usedThisHour'])
   const { calls, window } = v
   if (typeof calls !== 'number' || !Number.isInteger(calls) || calls < 1 || calls > MAX_RATE_CALLS) {
     throw invalid('rateLimit.calls', `rateLimit.calls must be an integer from 1 to ${MAX_RATE_CALLS}`)
@@ -89,7 +98,7 @@ export function mergePolicy(current: StoredPolicy, body: unknown, agentId: strin
   const has = (k: string): boolean => k in body
   if (has('dailyBudget')) {
     if (body.dailyBudget === null) delete next.dailyBudget
-    else next.dailyBudget = amount('dailyBudget', body.dailyBudget)
+    else next.dailyBudget = amount('dailyBudget', body.dailyBudget, ['usedToday'])
   }
   if (has('perCallLimit')) {
     if (body.perCallLimit === null) delete next.perCallLimit

@@ -60,6 +60,11 @@ t.test('invalid policies answer 400 naming the field, and change nothing', async
     [{ protocolPreference: 'card' }, 'protocolPreference'],
     [{ allowedDomains: ['http://x.com/'] }, 'allowedDomains[0]'],
     [{ perCallLimit: { usdc: 1 }, dailyBudget: { usdc: 0 } }, 'dailyBudget.usdc'],
+    [{ blockedDomains: ['ads.example.com\\.evil'] }, 'blockedDomains[0]'],
+    [{ allowedDomains: ['%41.com'] }, 'allowedDomains[0]'],
+    [{ allowedDomains: ['1.2.3'] }, 'allowedDomains[0]'],
+    [{ dailyBudget: { usdc: 5, foo: 1 } }, 'dailyBudget.foo'],
+    [{ rateLimit: { calls: 5, window: '1h', per: 'agent' } }, 'rateLimit.per'],
   ]
   for (const [body, field] of cases) {
     const r = await gw.api('PUT', '/v1/policies/pol', { body })

@@ -13,6 +13,34 @@ t.test('normalizeHost', async (t) => {
   }
 })
 
+t.test('what the URL parser would rewrite into another host is refused, not stored as that host', async (t) => {
+  const rewritten = [
+    'ads.example.com\\.evil', // `\` reads as `/`: would be ads.example.com
+    'ads.example.com\\', // would be ads.example.com
+    '%41.com', // would be a.com
+    'ex%2Eample.com',
+    '123', // would be 0.0.0.123
+    '1.2.3', // would be 1.2.0.3
+    '127.1', // would be 127.0.0.1
+    '0x7f.0.0.1', // hex octet
+    '010.0.0.1', // octal octet: would be 8.0.0.1
+    '1.2.3.04',
+    '4294967295', // would be 255.255.255.255
+    '256.1.1.1',
+    '1.2.3.4.5',
+    'example.123',
+  ]
+  for (const bad of rewritten) t.equal(normalizeHost(bad), null, JSON.stringify(bad))
+  const kept: [string, string][] = [
+    ['1.2.3.4', '1.2.3.4'],
+    ['1.2.3.4.', '1.2.3.4'],
+    ['0.0.0.0', '0.0.0.0'],
+    ['255.255.255.255', '255.255.255.255'],
+    ['a1.b2.example', 'a1.b2.example'],
+  ]
+  for (const [ok, want] of kept) t.equal(normalizeHost(ok), want, `${ok} is kept`)
+})
+
 t.test('which entries cover subdomains', async (t) => {
   t.ok(coversSubdomains('example.com'))
   t.ok(coversSubdomains('example.co.uk'), 'registrable under a two-label suffix')
