@@ -1,4 +1,5 @@
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import { STATUS_CODES, createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import type { Duplex } from 'node:stream'
 import { unredacted, type Logger } from '../log/index.js'
 import type { Identity, Registry } from '../agents/registry.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
@@ -25,6 +26,38 @@ async function authenticate(req: IncomingMessage, registry: Registry): Promise<I
   const id = await registry.verify(m[1]!)
   if (!id) throw new PaygateError('unauthorized', 'API key is malformed, unknown or revoked')
   return id
+}
+
+/**
+ * Where Node's bare answer to a refused request has a status of its own, it is kept: 413 is
+ * our `payload_too_large`; 431 and 408 have no code of ours, so their body says
+ * `invalid_request`. Anything else the parser refuses is 400 `invalid_request`.
+ */
+const PARSER_ERRORS: Record<string, { status: number; error: PaygateError }> = {
+  HPE_HEADER_OVERFLOW: { status: 431, error: new PaygateError('invalid_request', 'request headers are too large') },
+  HPE_CHUNK_EXTENSIONS_OVERFLOW: { status: 413, error: new PaygateError('payload_too_large', 'chunk extensions are too large') },
+  ERR_HTTP_REQUEST_TIMEOUT: { status: 408, error: new PaygateError('invalid_request', 'the request was not received in time') },
+}
+
+/**
+ * A request Node's HTTP parser refuses (a bad header line, `Content-Length: abc`) is answered
+ * with the spec's error body instead of Node's bare status line, and the connection closed.
+ */
+function answerClientError(e: NodeJS.ErrnoException & { reason?: string }, socket: Duplex): void {
+  if (e.code === 'ECONNRESET' || !socket.writable) {
+    socket.destroy()
+    return
+  }
+  const { status, error } = PARSER_ERRORS[e.code ?? ''] ?? { status: 400, error: new PaygateError('invalid_request', `malformed HTTP request: ${e.reason ?? e.message}`) }
+  const body = JSON.stringify(error.toBody())
+  const head = [
+    `HTTP/1.1 ${status} ${STATUS_CODES[status]}`,
+    'content-type: application/json; charset=utf-8',
+    `content-length: ${Buffer.byteLength(body)}`,
+    'cache-control: no-store',
+    'connection: close',
+  ]
+  socket.end(`${head.join('\r\n')}\r\n\r\n${body}`, () => socket.destroy())
 }
 
 /** The /v1 API and health endpoints on one node:http server. */
@@ -65,8 +98,20 @@ export function createApiServer(deps: ApiDeps): Server {
     })
   }
 
-  return createServer({ keepAliveTimeout: 65_000 }, (req: IncomingMessage, res: ServerResponse) => {
+  /**
+   * Per socket, the responses under way and the parser error to answer once they are done:
+   * the error answer must not cut into them (a bad request pipelined behind good ones).
+   */
+  const inFlight = new WeakMap<Duplex, { responses: number; refused?: () => void }>()
+
+  const server = createServer({ keepAliveTimeout: 65_000 }, (req: IncomingMessage, res: ServerResponse) => {
     const started = process.hrtime.bigint()
+    let flight = inFlight.get(req.socket)
+    if (!flight) inFlight.set(req.socket, (flight = { responses: 0 }))
+    flight.responses++
+    res.once('close', () => {
+      if (--flight!.responses === 0) flight!.refused?.()
+    })
     let url: URL
     try {
       url = new URL(req.url ?? '/', 'http://api.local')
@@ -103,4 +148,14 @@ export function createApiServer(deps: ApiDeps): Server {
       })
       .catch((e: unknown) => log.error({ err: e }, 'could not send reply'))
   })
+  /** Sockets whose parser error is answered already: the parser reports it again on every later chunk. */
+  const refused = new WeakSet<Duplex>()
+  server.on('clientError', (e: NodeJS.ErrnoException, socket: Duplex) => {
+    if (refused.has(socket)) return
+    refused.add(socket)
+    const flight = inFlight.get(socket)
+    if (flight?.responses) flight.refused = () => answerClientError(e, socket)
+    else answerClientError(e, socket)
+  })
+  return server
 }

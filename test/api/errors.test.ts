@@ -1,5 +1,6 @@
 import t, { type Test } from 'tap'
 import { request } from 'node:http'
+import { connect } from 'node:net'
 import { startTestGateway } from '../helpers/gateway.js'
 
 const gw = await startTestGateway({ env: { PAYGATE_API_MAX_BODY_BYTES: '2048' } })
@@ -57,6 +58,65 @@ t.test('a raw request with an absurd target still gets a JSON error', async (t) 
     req.end()
   })
   t.ok(status === 400 || status === 404, `status ${status}`)
+})
+
+/** Send raw bytes on a new connection; everything the server answers until it closes the connection. */
+function raw(data: string): Promise<string> {
+  const { hostname, port } = new URL(gw.url)
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = []
+    const socket = connect(Number(port), hostname, () => socket.write(data))
+    socket.on('data', (d) => chunks.push(d))
+    socket.on('error', reject)
+    socket.on('close', () => resolve(Buffer.concat(chunks).toString('latin1')))
+    socket.setTimeout(10_000, () => socket.destroy(new Error('the server did not close the connection')))
+  })
+}
+
+/** Each HTTP/1.1 response in `text`: status, headers, body. */
+function responses(text: string): { status: number; headers: Record<string, string>; body: string }[] {
+  const out = []
+  while (text) {
+    const end = text.indexOf('\r\n\r\n')
+    const [statusLine, ...lines] = text.slice(0, end < 0 ? undefined : end).split('\r\n')
+    const headers = Object.fromEntries(lines.map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()]))
+    // Without a length (Node's own bare answer) the body runs to the close.
+    const length = headers['content-length'] === undefined || end < 0 ? Infinity : Number(headers['content-length'])
+    out.push({ status: Number(statusLine!.split(' ')[1]), headers, body: end < 0 ? '' : text.slice(end + 4, end + 4 + length) })
+    text = end < 0 || length === Infinity ? '' : text.slice(end + 4 + length)
+  }
+  return out
+}
+
+t.test('requests the HTTP parser refuses get the spec error body, then the connection closes', async (t) => {
+  const cases: [string, string, number][] = [
+    ['a bad header line', 'GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n', 400],
+    ['Content-Length: abc', 'POST /v1/agents HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n', 400],
+    ['two Content-Lengths', 'POST /v1/agents HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab', 400],
+    ['a bad request line', 'GET /healthz HTTP/9.x\r\nHost: x\r\n\r\n', 400],
+    ['headers over the size limit', `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ${'a'.repeat(20_000)}\r\n\r\n`, 431],
+  ]
+  for (const [what, data, status] of cases) {
+    const [res, ...more] = responses(await raw(data))
+    t.equal(res?.status, status, what)
+    t.match(res?.headers['content-type'], /^application\/json/, `${what}: JSON`)
+    t.equal(res?.headers.connection, 'close', `${what}: the connection is closed`)
+    const body = JSON.parse(res?.body || 'null')
+    t.same(Object.keys(body ?? {}).sort(), ['detail', 'error'], `${what}: {error, detail}`)
+    t.equal(body?.error, 'invalid_request', what)
+    t.type(body?.detail, 'string')
+    noStack(t, res?.body ?? '')
+    t.same(more, [], `${what}: nothing else`)
+  }
+})
+
+t.test('a bad request pipelined behind a good one is answered after it', async (t) => {
+  const [first, second, ...more] = responses(await raw('GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nBad Header Line\r\n\r\n'))
+  t.equal(first?.status, 200, 'the good request is answered in full')
+  t.same(JSON.parse(first?.body || 'null'), (await gw.api('GET', '/healthz', { key: null })).body)
+  t.equal(second?.status, 400)
+  t.equal(JSON.parse(second?.body || 'null')?.error, 'invalid_request')
+  t.same(more, [])
 })
 
 t.test('account API rate limit: 100 concurrent calls pass with the defaults', async (t) => {
