@@ -153,7 +153,6 @@ export class Chain {
       const walletClient = createWalletClient({ chain, transport, account: signer, pollingInterval })
 
       let deployment: Deployment
-      let tokenDomain: TokenDomain
       if (devnet) {
         // Topped up only when low: a write here would be journalled on every start and
         // force a full chain snapshot at every shutdown.
@@ -161,20 +160,20 @@ export class Chain {
           if ((await publicClient.getBalance({ address: a })) < 10n ** 23n) await setNativeBalance(publicClient, a, 10n ** 24n)
         }
         deployment = await embeddedDeployment(publicClient, walletClient, signer, minter!.address, meta, c.chainId, log)
-        tokenDomain = await readTokenDomain(publicClient, deployment.token, c.chainId)
       } else {
         deployment = { token: c.token!, ledger: c.ledger!, deployedAt: '' }
         for (const [name, addr] of [['chain.token', c.token!], ['chain.ledger', c.ledger!]] as const) {
           const code = await publicClient.getCode({ address: addr })
           if (!code || code === '0x') throw new PaygateError('invalid_config', `${name} = ${addr}: no contract there on chain ${c.chainId}`)
         }
-        let recorder: boolean
-        ;[recorder, tokenDomain] = await Promise.all([
-          publicClient.readContract({ address: c.ledger!, abi: paymentLedgerAbi, functionName: 'isRecorder', args: [signer.address] }),
-          readTokenDomain(publicClient, c.token!, c.chainId),
-        ])
-        if (!recorder) log.warn({ signer: signer.address, ledger: c.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
       }
+      // Also on the embedded chain: its ledger was deployed by the signer of the first start, and
+      // a changed chain.signerKey cannot record on it.
+      const [recorder, tokenDomain] = await Promise.all([
+        publicClient.readContract({ address: deployment.ledger, abi: paymentLedgerAbi, functionName: 'isRecorder', args: [signer.address] }),
+        readTokenDomain(publicClient, deployment.token, c.chainId),
+      ])
+      if (!recorder) log.warn({ signer: signer.address, ledger: deployment.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
       const info: ChainInfo = { network, chainId: c.chainId, rpcUrl: shownUrl(rpcUrl), token: deployment.token, tokenDomain, ledger: deployment.ledger }
       log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
       return new Chain(info, !!devnet, publicClient, walletClient, signer, new FastSigner(signerKey), devnet, minter)
