@@ -22,6 +22,8 @@ const keyOf = (agentId: string, origin: string): string => `${agentId}\x00${orig
 export class MppSessions {
   private readonly coll: Collection<MppSession>
   private readonly cache = new Map<string, MppSession | null>()
+  /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
+  private deletes = 0
 
   constructor(
     store: Store,
@@ -29,14 +31,19 @@ export class MppSessions {
     private readonly clock: Clock,
   ) {
     this.coll = store.collection('mppSessions')
-    registry.onAgentDelete(async (agentId): Promise<BatchOp[]> => {
-      const ops: BatchOp[] = []
-      for await (const k of this.coll.keys({ gte: `${agentId}\x00`, lt: `${agentId}\x01` })) {
-        this.cache.delete(k)
-        ops.push({ type: 'del', coll: this.coll, key: k })
-      }
-      return ops
-    })
+    registry.onAgentDelete(
+      async (agentId): Promise<BatchOp[]> => {
+        const ops: BatchOp[] = []
+        for await (const k of this.coll.keys({ gte: `${agentId}\x00`, lt: `${agentId}\x01` })) ops.push({ type: 'del', coll: this.coll, key: k })
+        return ops
+      },
+      // Only once the delete is written, so a concurrent read cannot cache a session again
+      // for an agent recreated under the same id.
+      (agentId) => {
+        for (const k of this.cache.keys()) if (k.startsWith(`${agentId}\x00`)) this.cache.delete(k)
+        this.deletes++
+      },
+    )
   }
 
   /** As `valid` from memory alone; undefined when that would need a store read. */
@@ -50,9 +57,10 @@ export class MppSessions {
     const k = keyOf(agentId, origin)
     let s = this.cache.get(k)
     if (s === undefined) {
+      const deletes = this.deletes
       s = (await this.coll.get(k)) ?? null
       if (this.cache.size > 10_000) this.cache.clear()
-      this.cache.set(k, s)
+      if (deletes === this.deletes) this.cache.set(k, s)
     }
     return this.unexpired(s)
   }

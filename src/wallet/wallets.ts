@@ -26,6 +26,8 @@ export class Wallets {
   private readonly archive: Collection<WalletRecord>
   private readonly signers = new Map<string, FastSigner>()
   private readonly records = new Map<string, WalletRecord>()
+  /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
+  private deletes = 0
 
   constructor(
     store: Store,
@@ -35,16 +37,23 @@ export class Wallets {
   ) {
     this.wallets = store.collection('wallets')
     this.archive = store.collection('walletArchive')
-    registry.onAgentDelete(async (agentId): Promise<BatchOp[]> => {
-      const w = await this.wallets.get(agentId)
-      if (!w) return []
-      this.signers.delete(agentId)
-      this.records.delete(agentId)
-      return [
-        { type: 'del', coll: this.wallets, key: agentId },
-        { type: 'put', coll: this.archive, key: `${w.address.toLowerCase()}`, value: w },
-      ]
-    })
+    registry.onAgentDelete(
+      async (agentId): Promise<BatchOp[]> => {
+        const w = await this.wallets.get(agentId)
+        if (!w) return []
+        return [
+          { type: 'del', coll: this.wallets, key: agentId },
+          { type: 'put', coll: this.archive, key: `${w.address.toLowerCase()}`, value: w },
+        ]
+      },
+      // Only once the delete is written: cleared earlier, a concurrent read would cache the old
+      // wallet again, and an agent recreated under the same id would pay from it.
+      (agentId) => {
+        this.signers.delete(agentId)
+        this.records.delete(agentId)
+        this.deletes++
+      },
+    )
   }
 
   async create(agentId: string): Promise<WalletRecord> {
@@ -66,8 +75,9 @@ export class Wallets {
   async get(agentId: string): Promise<WalletRecord | undefined> {
     const hit = this.records.get(agentId)
     if (hit) return hit
+    const deletes = this.deletes
     const w = await this.wallets.get(agentId)
-    if (w) this.records.set(agentId, w)
+    if (w && deletes === this.deletes) this.records.set(agentId, w)
     return w
   }
 
@@ -97,10 +107,11 @@ export class Wallets {
   async signer(agentId: string): Promise<FastSigner> {
     const hit = this.signers.get(agentId)
     if (hit) return hit
+    const deletes = this.deletes
     const { w, pk } = await this.privateKey(agentId)
     const signer = new FastSigner(pk)
     if (signer.address !== w.address) throw new PaygateError('internal_error', `stored wallet key of ${agentId} does not match its address`)
-    this.signers.set(agentId, signer)
+    if (deletes === this.deletes) this.signers.set(agentId, signer)
     return signer
   }
 }

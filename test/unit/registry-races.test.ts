@@ -1,9 +1,12 @@
 import t from 'tap'
 import { rmSync } from 'node:fs'
 import { Registry } from '../../src/agents/registry.js'
+import { MppSessions } from '../../src/engine/sessions.js'
 import { PolicyStore } from '../../src/policy/store.js'
 import { Store, type Collection } from '../../src/store/index.js'
 import { systemClock } from '../../src/util/clock.js'
+import { Keystore } from '../../src/wallet/keystore.js'
+import { Wallets } from '../../src/wallet/wallets.js'
 import { tempDir } from '../helpers/gateway.js'
 
 /**
@@ -129,4 +132,36 @@ t.test('a policy read that an update overtakes does not replace the updated poli
   t.equal((await reading).dailyBudget, '2000000', 'the slow read answers the newer cached policy')
   t.equal(policies.cachedPolicy('p3')?.dailyBudget, '2000000')
   t.same((await policies.view('p3')).dailyBudget, { usdc: 2, usedToday: 0 })
+})
+
+t.test('a wallet read that the agent delete overtakes is not cached: an agent recreated under that id has no wallet', async (t) => {
+  const { keystore } = await Keystore.open(dir, null, store.collection<string>('meta'))
+  const wallets = new Wallets(store, registry, keystore, systemClock)
+  await registry.createAgent('w1')
+  const w = await wallets.create('w1')
+  const hold = holdNextRead(store.collection('wallets'), 'w1')
+  const signing = wallets.signer('w1')
+  await hold.reached
+  await registry.deleteAgent('w1')
+  hold.release()
+  t.equal((await signing).address, w.address, 'the read that began before the delete answers what it read')
+  await registry.createAgent('w1')
+  t.equal(await wallets.get('w1'), undefined, 'the recreated agent has no wallet')
+  await t.rejects(wallets.signer('w1'), { code: 'not_found' }, 'and cannot sign with the old one')
+})
+
+t.test('an MPP session read that the agent delete overtakes is not cached', async (t) => {
+  const sessions = new MppSessions(store, registry, systemClock)
+  await registry.createAgent('s1')
+  await sessions.save('s1', 'https://svc.example', { token: 'old-token', expiresAt: Date.now() + 60_000, createdAt: Date.now(), transactionId: 'tx_x' })
+  const fresh = new MppSessions(store, registry, systemClock) // nothing cached: the next read goes to the store
+  const hold = holdNextRead(store.collection('mppSessions'), 's1\x00https://svc.example')
+  const reading = fresh.valid('s1', 'https://svc.example')
+  await hold.reached
+  await registry.deleteAgent('s1')
+  hold.release()
+  t.equal((await reading)?.token, 'old-token')
+  t.equal(fresh.cachedValid('s1', 'https://svc.example'), undefined, 'the stale read is not cached')
+  await registry.createAgent('s1')
+  t.equal(await fresh.valid('s1', 'https://svc.example'), null, 'the recreated agent has no session')
 })
