@@ -59,7 +59,7 @@ async function main(): Promise<void> {
     'paygate started',
   )
   if (gw.accountKey.created) {
-    log.info({ accountKeyFile: gw.accountKey.file }, 'created the account key on first start; it is in the account key file (mode 0600)')
+    log.info({ accountKeyFile: gw.accountKey.file }, 'created an account key (first start, or every stored one was revoked); it is in the account key file (mode 0600)')
     // The key itself goes only to a person at a terminal, never into a log file or pipe.
     if (process.stdout.isTTY) process.stdout.write(`\n  Account key (shown once here): ${gw.accountKey.apiKey}\n\n`)
   }
