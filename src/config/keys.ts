@@ -30,6 +30,16 @@ export function decodeMasterKey(v: string): Buffer | null {
   return null
 }
 
+/** Order of the secp256k1 group: a private key is an integer from 1 to n-1. */
+const SECP256K1_N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n
+
+/** A 0x-prefixed 32-byte hex secp256k1 private key. 0 and n or more pass a format check, then fail the start at key use, echoing the key in decimal. */
+export function isPrivateKey(v: string): boolean {
+  if (!/^0x[0-9a-fA-F]{64}$/.test(v)) return false
+  const k = BigInt(v)
+  return k >= 1n && k < SECP256K1_N
+}
+
 export const KEYS: readonly KeySpec[] = [
   { path: 'dataDir', kind: 'path', doc: 'Directory for LevelDB state, the account key file and the master key file.' },
   { path: 'certsDir', kind: 'path', doc: "Directory for Paygate's interception CA (generated content is git-ignored)." },
@@ -96,7 +106,7 @@ export const KEYS: readonly KeySpec[] = [
     path: 'chain.signerKey',
     kind: 'secret',
     optional: true,
-    check: (v) => (/^0x[0-9a-fA-F]{64}$/.test(v) ? null : 'a 0x-prefixed 32-byte hex private key'),
+    check: (v) => (isPrivateKey(v) ? null : 'a 0x-prefixed 32-byte hex secp256k1 private key (from 1 to the curve order n-1)'),
     doc: 'Service signer key that pays gas for ledger records on an external chain. Unset: one is generated and stored encrypted under the master key (its address is printed so you can fund it).',
   },
   { path: 'chain.rpcHost', kind: 'host', doc: 'Address the embedded chain serves JSON-RPC on (keep it on loopback).' },

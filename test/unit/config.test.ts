@@ -89,3 +89,23 @@ t.test('valid secrets and optional keys', async (t) => {
   const b64 = Buffer.alloc(32, 7).toString('base64')
   t.equal(loadConfig({ env: { PAYGATE_MASTER_KEY: b64 } }).config.masterKey, b64)
 })
+
+t.test('a private key outside the secp256k1 range stops the start, naming the key, never its value', async (t) => {
+  const n = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n
+  const hex = (k: bigint): string => `0x${k.toString(16).padStart(64, '0')}`
+  for (const bad of ['0x' + 'f'.repeat(64), hex(0n), hex(n), hex(n + 1n)]) {
+    try {
+      loadConfig({ env: { PAYGATE_CHAIN_SIGNER_KEY: bad } })
+      t.fail(`${bad} must be refused`)
+    } catch (e) {
+      const err = e as Error & { code?: string }
+      t.equal(err.code, 'invalid_config', 'a config error: the start exits with code 2')
+      t.match(err.message, /chain\.signerKey = <redacted, 66 characters>/)
+      t.match(err.message, /PAYGATE_CHAIN_SIGNER_KEY/)
+      t.match(err.message, /secp256k1 private key/)
+      const decimal = BigInt(bad).toString()
+      t.notOk(err.message.includes(bad.slice(2)) || (decimal.length > 8 && err.message.includes(decimal)), 'the value is not echoed, in hex or decimal')
+    }
+  }
+  for (const good of [hex(1n), hex(n - 1n)]) t.equal(loadConfig({ env: { PAYGATE_CHAIN_SIGNER_KEY: good } }).config.chain.signerKey, good)
+})
