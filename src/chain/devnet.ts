@@ -6,7 +6,10 @@
  * - anvil runs with `--no-mining`; this module mines. After a block of 0-2 txs the next tx is
  *   mined within ~10-50 ms; under load one block every `blockTimeMs` (250) holds all waiting txs.
  *   No empty blocks while idle. Chain time follows the wall clock; an `evm_increaseTime` offset
- *   survives restarts.
+ *   survives restarts. A read that runs against the newest block's time (`eth_call`,
+ *   `eth_estimateGas`, `eth_getBlockByNumber('latest')`, ... at latest/pending) first mines an
+ *   empty block when the newest one is more than `freshBlockMs` behind chain time, so calls see
+ *   the current time after an idle spell (one such block at a time; none while nothing asks).
  * - Every state-changing call (sends, evm_ and hardhat_/anvil_ setters, mines with their exact
  *   timestamps) is serialised and appended to `journal-<gen>.ndjson` with write(2) before the
  *   answer goes out, so a SIGKILL of Paygate loses nothing acknowledged (a power cut can: no
@@ -25,7 +28,9 @@
  *   and interval mining are refused (this module owns them).
  * - anvil never outlives Paygate: it runs under a `/bin/sh` watchdog reading a pipe from this
  *   process; when the pipe closes (close(), exit, crash, SIGKILL) the watchdog kills anvil by pid.
- *   close() also kills both by pid; a stale anvil recorded in `anvil.pid` is killed at start.
+ *   close() also kills both by pid; a stale anvil recorded in `anvil.pid` is killed at start. The
+ *   watchdog exits with anvil, so an anvil that dies is logged and every call fails at once with
+ *   `DevnetUnavailableError`, as does a call anvil leaves unanswered for `ipcTimeoutMs`.
  *
  * Measured on the 2-core dev box (noisy, +-30%), ledger `record()` txs (~120k gas) signed with
  * locally managed nonces, 8 in flight; bench/devnet-soak.ts reproduces the anvil column.
@@ -101,6 +106,23 @@ export interface DevnetOptions {
   restartBudgetMs?: number
   /** Snapshot after this much idle time when the tail is worth replaying (ms). Default 2000. */
   idleSnapshotMs?: number
+  /**
+   * A read at the newest block's time mines an empty block first when that block is older than
+   * this (ms of chain time). Default 2000.
+   */
+  freshBlockMs?: number
+  /** An IPC call anvil has not answered within this (ms) fails; a state dump gets 4x. Default 30000. */
+  ipcTimeoutMs?: number
+}
+
+/**
+ * The embedded chain cannot answer: anvil exited, its IPC connection closed, or it left a call
+ * unanswered past the timeout.
+ */
+export class DevnetUnavailableError extends Error {
+  override readonly name = 'DevnetUnavailableError'
+  /** EIP-1193 "disconnected": viem maps it to ProviderDisconnectedError, which it does not retry. */
+  readonly code = 4900
 }
 
 export interface DevnetStats {
@@ -159,6 +181,18 @@ const REFUSED = new Set([
 ])
 const AUTOMINE_QUERIES = new Set(['hardhat_getAutomine', 'anvil_getAutomine'])
 const AUTOMINE_SETTERS = new Set(['evm_setAutomine', 'anvil_setAutomine'])
+/** Reads that run against the newest block's time, each with the index of its block tag. */
+const TIMED_READS = new Map<string, number>([
+  ['eth_call', 1], ['eth_estimateGas', 1], ['eth_createAccessList', 1], ['eth_simulateV1', 1], ['eth_fillTransaction', 1],
+  ['debug_traceCall', 1], ['eth_getBlockByNumber', 0],
+])
+/** Whether this read sees the newest block: a tag of latest or pending, or none where that means latest. */
+function readsNewestBlock(method: string, params: unknown[]): boolean {
+  const at = TIMED_READS.get(method)
+  if (at === undefined) return false
+  const tag = params[at]
+  return tag === 'latest' || tag === 'pending' || ((tag === undefined || tag === null) && method !== 'eth_getBlockByNumber')
+}
 
 const MIN_BLOCK_GAP_MS = 10
 /** data dirs open in this process */
@@ -196,14 +230,26 @@ function anvilBinary(explicit?: string): string {
   return bin
 }
 
-/** Newline-delimited JSON-RPC over anvil's IPC socket; answers may come out of order. */
+type Waiter = { resolve: (r: RpcResponse) => void; reject: (e: Error) => void; method: string; ms: number; deadline: number }
+
+/**
+ * Newline-delimited JSON-RPC over anvil's IPC socket; answers may come out of order. A call
+ * unanswered past its deadline fails (checked by one sweep timer, not a timer per call: the paid
+ * path makes thousands of calls a second).
+ */
 class IpcClient {
   private parts: string[] = [] // an unfinished line, in pieces (a state dump is tens of MB)
   private nextId = 1
-  private readonly waiting = new Map<number, { resolve: (r: RpcResponse) => void; reject: (e: Error) => void }>()
+  private readonly waiting = new Map<number, Waiter>()
   private closed: Error | null = null
+  private readonly sweeper: NodeJS.Timeout
 
-  private constructor(private readonly sock: net.Socket) {
+  private constructor(
+    private readonly sock: net.Socket,
+    private readonly timeoutMs: number,
+  ) {
+    this.sweeper = setInterval(() => this.expire(), Math.max(20, Math.min(1000, timeoutMs / 4)))
+    this.sweeper.unref()
     sock.setEncoding('utf8')
     sock.on('data', (chunk: string) => {
       let from = 0
@@ -217,13 +263,25 @@ class IpcClient {
       }
       if (from < chunk.length) this.parts.push(chunk.slice(from))
     })
-    const fail = (e: Error): void => {
-      this.closed ??= e
-      for (const w of this.waiting.values()) w.reject(e)
-      this.waiting.clear()
+    sock.on('error', (e) => this.fail(new DevnetUnavailableError(`embedded chain: anvil IPC connection failed: ${e.message}`)))
+    sock.on('close', () => this.fail(new DevnetUnavailableError('embedded chain: anvil IPC connection closed')))
+  }
+
+  /** Fail every waiting and future call with `e` (`replace`: even if already failed, for a better reason). */
+  fail(e: Error, replace = false): void {
+    if (replace || !this.closed) this.closed = e
+    clearInterval(this.sweeper)
+    for (const w of this.waiting.values()) w.reject(this.closed)
+    this.waiting.clear()
+  }
+
+  private expire(): void {
+    const now = Date.now()
+    for (const [id, w] of this.waiting) {
+      if (now < w.deadline) continue
+      this.waiting.delete(id)
+      w.reject(new DevnetUnavailableError(`embedded chain: anvil did not answer ${w.method} within ${w.ms / 1000} s`))
     }
-    sock.on('error', fail)
-    sock.on('close', () => fail(new Error('anvil IPC connection closed')))
   }
 
   private dispatch(line: string): void {
@@ -240,23 +298,23 @@ class IpcClient {
     }
   }
 
-  static connect(file: string): Promise<IpcClient> {
+  static connect(file: string, timeoutMs: number): Promise<IpcClient> {
     return new Promise((resolve, reject) => {
       const sock = net.connect(file)
       sock.once('connect', () => {
         sock.removeListener('error', reject)
-        resolve(new IpcClient(sock))
+        resolve(new IpcClient(sock, timeoutMs))
       })
       sock.once('error', reject)
     })
   }
 
-  /** `body` is a JSON-RPC request object without id, e.g. `"method":"x","params":[]`. */
-  call(method: string, paramsJson: string): Promise<RpcResponse> {
+  /** One call, its params already in JSON; fails after `ms` without an answer. */
+  call(method: string, paramsJson: string, ms = this.timeoutMs): Promise<RpcResponse> {
     if (this.closed) return Promise.reject(this.closed)
     const id = this.nextId++
     return new Promise((resolve, reject) => {
-      this.waiting.set(id, { resolve, reject })
+      this.waiting.set(id, { resolve, reject, method, ms, deadline: Date.now() + ms })
       this.sock.write(`{"jsonrpc":"2.0","id":${id},"method":${JSON.stringify(method)},"params":${paramsJson}}\n`)
     })
   }
@@ -266,16 +324,18 @@ class IpcClient {
     if (this.closed) return Promise.reject(this.closed)
     const m = JSON.stringify(method)
     let out = ''
+    const deadline = Date.now() + this.timeoutMs
     const answers = paramsJson.map((p) => {
       const id = this.nextId++
       out += `{"jsonrpc":"2.0","id":${id},"method":${m},"params":${p}}\n`
-      return new Promise<RpcResponse>((resolve, reject) => this.waiting.set(id, { resolve, reject }))
+      return new Promise<RpcResponse>((resolve, reject) => this.waiting.set(id, { resolve, reject, method, ms: this.timeoutMs, deadline }))
     })
     this.sock.write(out)
     return Promise.all(answers)
   }
 
   close(): void {
+    clearInterval(this.sweeper)
     this.sock.destroy()
   }
 }
@@ -288,14 +348,16 @@ interface Child {
   stderrTail: () => string
 }
 
-async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: string, log: (m: string, f?: object) => void): Promise<Child> {
+async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: string, ipcTimeoutMs: number, log: (m: string, f?: object) => void): Promise<Child> {
   // in the data dir (a socket left by a killed anvil is replaced next time), unless the path is
   // too long for a unix socket
   let ipcPath = path.join(dir, 'anvil.ipc')
   if (Buffer.byteLength(ipcPath) > 100) ipcPath = path.join(os.tmpdir(), `paygate-anvil-${process.pid}-${randomBytes(4).toString('hex')}.ipc`)
   fs.rmSync(ipcPath, { force: true })
-  // The shell keeps our pipe on fd 3; EOF on it (we closed it, exited or were SIGKILLed) kills anvil.
-  const script = 'exec 3<&0; "$0" "$@" </dev/null & p=$!; echo "pid $p"; read -r _ <&3; kill $p 2>/dev/null; wait $p'
+  // The shell keeps our pipe on fd 3; a subshell reading it kills anvil on EOF (we closed it,
+  // exited or were SIGKILLed). The shell itself waits for anvil and exits with its status, so
+  // an anvil that dies is seen here as the watchdog's exit (128+n: killed by signal n).
+  const script = 'exec 3<&0; "$0" "$@" </dev/null & p=$!; echo "pid $p"; (read -r _ <&3; kill $p 2>/dev/null) & r=$!; wait $p; s=$?; kill $r 2>/dev/null; exit $s'
   // Own process group: a terminal's Ctrl-C (or `timeout`) signals Paygate, which snapshots and
   // then stops anvil itself, instead of killing anvil first.
   const proc = spawn('/bin/sh', ['-c', script, bin, ...args, '--ipc', ipcPath], { stdio: ['pipe', 'pipe', 'pipe'], detached: true })
@@ -333,17 +395,18 @@ async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: str
   for (;;) {
     if (exited || !pidAlive(anvilPid)) throw new Error(`embedded chain: anvil exited at start: ${stderr.trim().slice(-1000)}`)
     if (fs.existsSync(ipcPath)) {
+      let ipc: IpcClient | undefined
       try {
-        const ipc = await IpcClient.connect(ipcPath)
+        ipc = await IpcClient.connect(ipcPath, ipcTimeoutMs)
         const r = await ipc.call('eth_chainId', '[]')
         if (!r.error) {
           log('anvil started', { pid: anvilPid, ipcPath })
           return { proc, anvilPid, ipc, ipcPath, stderrTail: () => stderr }
         }
-        ipc.close()
       } catch {
         // not listening yet
       }
+      ipc?.close()
     }
     if (Date.now() > deadline) {
       try {
@@ -357,16 +420,23 @@ async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: str
 
 async function stopAnvil(child: Child): Promise<void> {
   child.ipc.close()
+  // Once the watchdog has exited it has reaped anvil (it exits after `wait`), and been reaped:
+  // their pids may belong to other processes by now (anvil may have died long before).
+  const watchdogGone = (): boolean => child.proc.exitCode !== null || child.proc.signalCode !== null
   const exited = new Promise<void>((r) => {
-    if (child.proc.exitCode !== null || child.proc.signalCode !== null) r()
+    if (watchdogGone()) r()
     else child.proc.once('exit', () => r())
   })
   child.proc.stdin!.end() // the watchdog kills anvil and exits
-  try {
-    process.kill(child.anvilPid, 'SIGTERM')
-  } catch {}
+  if (!watchdogGone()) {
+    try {
+      process.kill(child.anvilPid, 'SIGTERM')
+    } catch {}
+  }
   await Promise.race([exited, sleep(3000)])
-  for (const pid of [child.anvilPid, child.proc.pid ?? 0]) {
+  // a stuck watchdog, or one killed by a signal (then anvil may be left without it)
+  const left = !watchdogGone() ? [child.anvilPid, child.proc.pid ?? 0] : child.proc.signalCode !== null ? [child.anvilPid] : []
+  for (const pid of left) {
     if (pid && pidAlive(pid)) {
       try {
         process.kill(pid, 'SIGKILL')
@@ -398,6 +468,8 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const blockTimeMs = opts.blockTimeMs ?? 250
   const restartBudgetMs = opts.restartBudgetMs ?? 3500
   const idleSnapshotMs = opts.idleSnapshotMs ?? 2000
+  const freshBlockMs = opts.freshBlockMs ?? 2000
+  const ipcTimeoutMs = opts.ipcTimeoutMs ?? 30_000
   const dir = path.resolve(opts.dataDir)
   fs.mkdirSync(dir, { recursive: true })
 
@@ -482,7 +554,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const tLoad = performance.now()
   let child: Child
   try {
-    child = await spawnAnvil(anvilBinary(opts.anvilPath), args, dir, pidFile, log)
+    child = await spawnAnvil(anvilBinary(opts.anvilPath), args, dir, pidFile, ipcTimeoutMs, log)
   } catch (e) {
     unlock()
     throw e
@@ -490,8 +562,8 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const loadMs = performance.now() - tLoad
 
   let closed = false
-  const raw = async (method: string, params: unknown[] = []): Promise<unknown> => {
-    const r = await child.ipc.call(method, JSON.stringify(params))
+  const raw = async (method: string, params: unknown[] = [], ms?: number): Promise<unknown> => {
+    const r = await child.ipc.call(method, JSON.stringify(params), ms)
     if (r.error) throw Object.assign(new Error(`${method}: ${r.error.message}`), { code: r.error.code })
     return r.result
   }
@@ -506,10 +578,12 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (!tx || tx.blockNumber) pending.delete(h)
       }
     }
+    let latestTs = 0 // the newest block's timestamp (s)
     /** The newest block; what it mined is no longer pending. */
     const latestMined = async (): Promise<{ number: string; timestamp: string; transactions: string[] }> => {
       const b = (await raw('eth_getBlockByNumber', ['latest', false])) as { number: string; timestamp: string; transactions: string[] }
       for (const h of b.transactions) pending.delete(h.toLowerCase())
+      latestTs = Number(b.timestamp)
       return b
     }
     /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
@@ -519,6 +593,9 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     const journalCall = (method: string, params: unknown[]): string => journalLine(method, JSON.stringify(params))
     let blocks = 0
     let tailEntries = 0
+    let freshTail = 0 // of tailEntries, the empty blocks mined only to bring chain time up to date
+    let nextBlockTimeSet = false // the caller set the next block's timestamp: no block for chain time may take it
+    const SET_NEXT_TIME = /^(evm|anvil|hardhat)_setNextBlockTimestamp$/
     let tailCostMs = 0 // estimated time to replay the current journal tail
     const snapshotMs: number[] = []
 
@@ -539,7 +616,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         const nl = text.indexOf('\n', pos)
         const line = text.slice(pos, nl)
         pos = nl + 1
-        const entry = JSON.parse(line) as { o?: number; m?: string; p?: unknown[]; ps?: unknown[][] }
+        const entry = JSON.parse(line) as { o?: number; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1 }
         if (entry.o !== undefined) {
           tailEntries++
           offset = entry.o
@@ -547,11 +624,14 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         }
         // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it
         // came: pipelined, in one write. The rest, one call at a time, in journal order.
+        if (SET_NEXT_TIME.test(entry.m!)) nextBlockTimeSet = true
+        else if (MINES.has(entry.m!)) nextBlockTimeSet = false
         const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))
         const t = performance.now()
         const rs = entry.ps ? await child.ipc.callMany(entry.m!, calls) : [await child.ipc.call(entry.m!, calls[0]!)]
         tailCostMs += performance.now() - t
         tailEntries += calls.length
+        if (entry.f) freshTail++
         replayed += calls.length
         rs.forEach((r, i) => {
           if (r.error) {
@@ -574,7 +654,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       if (offset > cur) await raw('evm_increaseTime', [offset - cur])
       else if (offset < cur) await raw('anvil_setTime', [Math.floor(Date.now() / 1000) + offset]).catch(() => {})
     }
-    blocks = Number((await raw('eth_blockNumber')) as string)
+    blocks = Number((await latestMined()).number)
 
     let fd = fs.openSync(journalPath(gen), 'a')
     /** A journal line for `entries` calls. */
@@ -606,6 +686,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       // several blocks (anvil_mine): the earlier blocks' txs are found by asking
       if (n - blocks > 1) await dropMined()
       blocks = n
+      nextBlockTimeSet = false
       const w = minedWaiters
       minedWaiters = []
       for (const f of w) f()
@@ -638,7 +719,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       const t = performance.now()
       if (pending.size) await mineLocked() // the dump holds no mempool
       await dropMined()
-      const state = (await raw('anvil_dumpState')) as string
+      const state = (await raw('anvil_dumpState', [], 4 * ipcTimeoutMs)) as string
       const next = gen + 1
       // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
       fs.writeFileSync(journalPath(next), [...pending.values()].map((l) => l + '\n').join(''))
@@ -646,6 +727,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       fd = fs.openSync(journalPath(next), 'a')
       gen = next
       tailEntries = pending.size
+      freshTail = 0
       tailCostMs = 0
       const sm: SnapshotMeta = { offset, blocks, at: new Date().toISOString() }
       const ms = Math.round(performance.now() - t)
@@ -662,17 +744,22 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
 
     // ---- mining ----
     let automine = true
+    let dead: DevnetUnavailableError | null = null // anvil exited under us
     let mineTimer: NodeJS.Timeout | undefined
     let lastMineAt = 0
     let lastWriteAt = Date.now() // last state-changing request received
     let snapshotQueued = false
     let mineMs = 3 // moving average of an evm_mine
     let lastBlockTxs = 0
-    const mineLocked = async (): Promise<number> => {
+    /** `fresh`: mined only to bring chain time up to date (marked so, a tail of them alone is not worth a snapshot at close). */
+    const mineLocked = async (fresh = false): Promise<number> => {
       const t = performance.now()
       await raw('evm_mine')
       const b = await afterMine()
-      append(journalCall('evm_mine', [b.timestamp]))
+      if (fresh) {
+        append(`{"m":"evm_mine","p":[${b.timestamp}],"f":1}`)
+        freshTail++
+      } else append(journalCall('evm_mine', [b.timestamp]))
       const dt = performance.now() - t
       mineMs = 0.7 * mineMs + 0.3 * dt
       tailCostMs += dt
@@ -685,13 +772,13 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     // hold all waiting txs: a block costs ~3 ms on a fresh chain but ~25-50 ms with 20k ledger
     // records (anvil rebuilds the state root), so under load fewer, bigger blocks win.
     const scheduleMine = (): void => {
-      if (mineTimer || !automine || closed) return
+      if (mineTimer || !automine || closed || dead) return
       const gap = lastBlockTxs <= 2 ? Math.min(blockTimeMs, Math.max(MIN_BLOCK_GAP_MS, 2 * mineMs)) : blockTimeMs
       mineTimer = setTimeout(
         () => {
           mineTimer = undefined
           serial(async () => {
-            if (closed) return 0
+            if (closed || dead || !pending.size) return 0 // (a fresh block may have taken them)
             const n = await mineLocked()
             if (tailCostMs > tailBudgetMs()) await snapshot()
             return n
@@ -722,6 +809,28 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     }, 500)
     idleTimer.unref()
 
+    // ---- chain time for reads ----
+    // anvil runs a call against the newest block, whose timestamp stops while nothing is mined:
+    // after 10 idle minutes an EIP-3009 authorization signed with validAfter = now - 600 is "not
+    // yet valid" to every simulation. So such a read first mines an empty block when the newest
+    // one is stale. Checked from memory (free under load, when blocks are fresh); concurrent
+    // reads share one block; none is mined while nothing asks.
+    let freshening: Promise<void> | null = null
+    let lastFreshAt = 0
+    const stale = (): boolean => Date.now() + offset * 1000 - latestTs * 1000 > freshBlockMs
+    const freshen = (): Promise<void> =>
+      (freshening ??= serial(async () => {
+        if (closed || dead || nextBlockTimeSet || !stale()) return // a block came while this waited
+        lastFreshAt = Date.now()
+        await mineLocked(true)
+        // still behind: the offset we hold is not anvil's (e.g. a block at a set timestamp moved it)
+        if (stale()) await recordOffset()
+      })
+        .catch((e: unknown) => log('mining a block for chain time failed', { error: String(e) }))
+        .finally(() => {
+          freshening = null
+        }))
+
     // ---- request handling ----
     const handle = async (req: RpcRequest): Promise<RpcResponse> => {
       const id = req?.id ?? null
@@ -730,6 +839,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       const params: unknown[] = Array.isArray(req.params) ? req.params : req.params === undefined || req.params === null ? [] : [req.params]
       const reply = (r: RpcResponse): RpcResponse => (r.error ? { jsonrpc: '2.0', id, error: r.error } : { jsonrpc: '2.0', id, result: r.result ?? null })
       if (closed) return rpcError(id, -32000, 'embedded chain is closed')
+      if (dead) throw dead
       if (REFUSED.has(method)) return rpcError(id, -32601, `${method} is not available on the Paygate embedded chain`)
       if (AUTOMINE_QUERIES.has(method)) return { jsonrpc: '2.0', id, result: automine }
       if (AUTOMINE_SETTERS.has(method)) {
@@ -741,14 +851,18 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         // a tx we are about to mine: wait for its block instead of answering null
         const h = typeof params[0] === 'string' ? params[0].toLowerCase() : ''
         const until = Date.now() + 2 * blockTimeMs + 1000
-        while (pending.has(h) && automine && !closed && Date.now() < until) {
+        while (pending.has(h) && automine && !closed && !dead && Date.now() < until) {
           await new Promise<void>((r) => {
             minedWaiters.push(r)
             setTimeout(r, Math.max(1, until - Date.now()))
           })
         }
       }
-      if (isReadOnly(method)) return reply(await child.ipc.call(method, JSON.stringify(params)))
+      if (isReadOnly(method)) {
+        // (with automine off the caller mines: a block here would take its pending txs)
+        if (automine && !nextBlockTimeSet && readsNewestBlock(method, params) && stale() && Date.now() - lastFreshAt >= freshBlockMs) await freshen()
+        return reply(await child.ipc.call(method, JSON.stringify(params)))
+      }
       lastWriteAt = Date.now()
       return serial(async () => {
         if (closed) return rpcError(id, -32000, 'embedded chain is closed')
@@ -772,7 +886,12 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           if (SENDS.has(method) && typeof r.result === 'string') {
             pending.set(r.result.toLowerCase(), line)
             scheduleMine()
-          } else if (/time|revert/i.test(method)) await recordOffset()
+          } else if (/time|revert/i.test(method)) {
+            if (SET_NEXT_TIME.test(method)) nextBlockTimeSet = true
+            await recordOffset()
+            // a revert goes back to an older block
+            if (/revert/i.test(method)) latestTs = Number(((await raw('eth_getBlockByNumber', ['latest', false])) as { timestamp: string }).timestamp)
+          }
         }
         tailCostMs += performance.now() - t
         if (tailCostMs > tailBudgetMs() * 1.5) await snapshot() // sustained writes without mining (automine off)
@@ -785,6 +904,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       lastWriteAt = Date.now()
       return serial(async () => {
         if (closed) throw new Error('embedded chain is closed')
+        if (dead) throw dead
         const t = performance.now()
         const params = raws.map((r) => JSON.stringify([r]))
         const rs = await child.ipc.callMany('eth_sendRawTransaction', params)
@@ -858,9 +978,18 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     const rpcUrl = `http://${opts.host.includes(':') ? `[${opts.host}]` : opts.host}:${port}`
     log('embedded chain ready', { rpcUrl, chainId: opts.chainId, anvilPid: child.anvilPid, generation: gen, blocks, replayed, loadMs: Math.round(loadMs), replayMs: Math.round(replayMs) })
 
-    // If anvil dies under us, say so loudly: every call will fail.
+    // If anvil dies under us, say so loudly, and fail every call at once from then on.
     child.proc.once('exit', (code, signal) => {
-      if (!closed) log('anvil exited unexpectedly', { code, signal, stderr: child.stderrTail().slice(-500) })
+      if (closed) return
+      // the watchdog exits with anvil's status: 128+n when a signal killed it
+      const killedBy = signal ?? (code !== null && code > 128 ? Object.entries(os.constants.signals).find(([, n]) => n === code - 128)?.[0] : undefined) ?? null
+      dead = new DevnetUnavailableError(`embedded chain: anvil exited unexpectedly (${killedBy ?? `code ${code}`}); restart Paygate`)
+      log('anvil exited unexpectedly', { code: killedBy ? null : code, signal: killedBy, stderr: child.stderrTail().slice(-500) })
+      child.ipc.fail(dead, true)
+      clearInterval(idleTimer)
+      if (mineTimer) clearTimeout(mineTimer)
+      mineTimer = undefined
+      for (const f of minedWaiters) f()
     })
 
     let closing: Promise<void> | undefined
@@ -877,7 +1006,8 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           if (mineTimer) clearTimeout(mineTimer)
           mineTimer = undefined
           await serial(async () => {
-            if (tailEntries > 0) await snapshot()
+            // a tail of blocks mined only for chain time replays in milliseconds
+            if (tailEntries > freshTail && !dead) await snapshot()
             closed = true
           }).catch((e: unknown) => {
             closed = true

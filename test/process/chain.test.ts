@@ -8,6 +8,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { startDevnet } from '../../src/chain/devnet.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { viemChain } from '../../src/chain/chain.js'
+import { freeze } from '../helpers/freeze.js'
 import { tempDir } from '../helpers/gateway.js'
 import { call, runCli, spawnGateway, type GatewayProcess } from '../helpers/process.js'
 
@@ -177,4 +178,90 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
   while (Date.now() < until && !g.stdout.some(chainError)) await new Promise((r) => setTimeout(r, 50))
   t.ok(g.stdout.some(chainError), 'the chain error is logged with the URL shown by its origin')
   t.same(leaks([...g.stdout, ...g.stderr].join('\n')), [], 'no credential of the RPC URL in the logs')
+})
+
+/** Time one API call. */
+async function timed(url: string, method: string, path: string, key: string | null): Promise<{ ms: number; status: number; body: any }> {
+  const t0 = Date.now()
+  const r = await call(url, method, path, key)
+  return { ms: Date.now() - t0, status: r.status, body: r.body }
+}
+
+t.test('embedded chain: /readyz answers promptly with anvil frozen; an anvil killed under Paygate is logged and fails calls at once', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const g = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  t.teardown(() => g.stop('SIGKILL'))
+  const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  await call(g.url, 'POST', '/v1/agents', acct, { agentId: 'k' })
+  t.equal((await call(g.url, 'POST', '/v1/wallets', acct, { agentId: 'k' })).status, 201)
+  const anvil = anvilPidOf(g)
+
+  await freeze(anvil)
+  const frozen = await timed(g.url, 'GET', '/readyz', null)
+  process.kill(anvil, 'SIGCONT')
+  t.same([frozen.status, frozen.body.checks], [503, { store: true, chain: false }], 'not ready while anvil does not answer')
+  t.ok(frozen.ms < 2500, `/readyz answered in ${frozen.ms} ms`)
+  t.equal((await call(g.url, 'GET', '/readyz', null)).status, 200, 'ready again')
+
+  process.kill(anvil, 'SIGKILL')
+  const end = Date.now() + 5000
+  const exitLine = (): Record<string, any> | undefined => logsOf(g).find((j) => j.msg === 'anvil exited unexpectedly')
+  while (Date.now() < end && !exitLine()) await new Promise((r) => setTimeout(r, 50))
+  t.match(exitLine(), { signal: 'SIGKILL' }, 'logged')
+  const ready = await timed(g.url, 'GET', '/readyz', null)
+  t.same([ready.status, ready.body.checks], [503, { store: true, chain: false }])
+  t.ok(ready.ms < 1000, `/readyz answered in ${ready.ms} ms`)
+  // (500 until chain.ts maps DevnetUnavailableError to 503 `unavailable`)
+  const wallet = await timed(g.url, 'GET', '/v1/wallets/k', acct)
+  t.ok(wallet.status >= 500, `a balance read fails: ${wallet.status} ${wallet.body?.error}`)
+  t.ok(wallet.ms < 1000, `at once: ${wallet.ms} ms`)
+  t.notOk(alive(anvil), 'anvil is gone')
+  t.equal(await g.stop('SIGTERM'), 0, 'Paygate still shuts down cleanly')
+})
+
+t.test('external chain behind a proxy that stops answering: /readyz answers not-ready within 2 s', async (t) => {
+  const chainDir = tempDir()
+  const dataDir = tempDir()
+  const ext = await startDevnet({ dataDir: chainDir, chainId: 31338, host: '127.0.0.1', port: 0 })
+  // forwards to the chain until told to hang: then it accepts requests and never answers
+  let hang = false
+  const proxy = createServer((req, res) => {
+    if (hang) return
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c)).on('end', async () => {
+      const r = await fetch(ext.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: Buffer.concat(chunks) })
+      res.writeHead(r.status, { 'content-type': 'application/json' }).end(Buffer.from(await r.arrayBuffer()))
+    })
+  })
+  await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r))
+  t.teardown(async () => {
+    proxy.closeAllConnections()
+    proxy.close()
+    await ext.close()
+    rmSync(chainDir, { recursive: true, force: true })
+    rmSync(dataDir, { recursive: true, force: true })
+  })
+  const signerKey = generatePrivateKey()
+  await ext.request({ method: 'anvil_setBalance', params: [privateKeyToAccount(signerKey).address, '0x56bc75e2d63100000'] })
+  const base = { PAYGATE_DATA_DIR: dataDir, PAYGATE_CHAIN_RPC_URL: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`, PAYGATE_CHAIN_CHAIN_ID: '31338', PAYGATE_CHAIN_SIGNER_KEY: signerKey }
+  const dep = await runCli(base, ['deploy-ledger', '--with-token'])
+  t.equal(dep.code, 0, dep.stderr)
+  const addrs = JSON.parse(dep.stdout)
+  const g = await spawnGateway({ ...base, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger })
+  t.teardown(() => g.stop('SIGKILL'))
+  t.equal((await call(g.url, 'GET', '/readyz', null)).status, 200)
+
+  hang = true
+  const r = await timed(g.url, 'GET', '/readyz', null)
+  t.same([r.status, r.body], [503, { status: 'not_ready', checks: { store: true, chain: false } }])
+  t.ok(r.ms < 2500, `/readyz answered in ${r.ms} ms`)
+  // The chain answers again (the hung connections dropped: viem shares the hung request with
+  // later reads of the block number until it ends).
+  hang = false
+  proxy.closeAllConnections()
+  const until = Date.now() + 10_000
+  let status = 0
+  while (Date.now() < until && (status = (await call(g.url, 'GET', '/readyz', null)).status) !== 200) await new Promise((r) => setTimeout(r, 100))
+  t.equal(status, 200, 'ready again once the chain answers')
 })
