@@ -77,8 +77,8 @@ t.test('a revoked bootstrap key stays revoked after a restart: a new account key
   t.ok(keys.find((k) => k.keyId === bootstrap.keyId)?.revokedAt, 'the old one is listed as revoked')
   t.equal(keys.length, 2, 'the revoked one and the new one: no new record of the old key')
   // The file's path is logged as on a first start; the key itself is not (stdout is not a terminal).
-  for (let i = 0; i < 50 && !second.stdout.some((l) => /created the account key/.test(l)); i++) await new Promise((r) => setTimeout(r, 100))
-  t.ok(second.stdout.some((l) => /created the account key/.test(l) && JSON.parse(l).accountKeyFile === keyFile), 'the key file path is logged')
+  for (let i = 0; i < 50 && !second.stdout.some((l) => /created an account key/.test(l)); i++) await new Promise((r) => setTimeout(r, 100))
+  t.ok(second.stdout.some((l) => /created an account key/.test(l) && JSON.parse(l).accountKeyFile === keyFile), 'the key file path is logged')
   t.notOk([...second.stdout, ...second.stderr].some((l) => l.includes(newKey) || l.includes(oldKey)), 'no account key in the output')
   t.equal(await second.stop('SIGTERM'), 0)
 })
