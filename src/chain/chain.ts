@@ -29,7 +29,7 @@ import { shownUrl } from '../util/redact.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
-import { startDevnet, type Devnet, type SendResult } from './devnet.js'
+import { DevnetUnavailableError, startDevnet, type Devnet, type SendResult } from './devnet.js'
 
 export type Address = `0x${string}`
 
@@ -79,7 +79,9 @@ export function viemChain(chainId: number, name: string, rpcUrl: string): ViemCh
  * other error (a revert, a bad answer) is thrown as it is.
  */
 function unanswered(e: unknown): never {
-  const transport = e instanceof BaseError && e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError)
+  const transport =
+    e instanceof DevnetUnavailableError ||
+    (e instanceof BaseError && e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError || x instanceof DevnetUnavailableError))
   if (transport) throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
   throw e
 }
@@ -131,7 +133,7 @@ export class Chain {
         host: c.rpcHost,
         port: c.rpcPort,
         ...(c.anvilPath ? { anvilPath: c.anvilPath } : {}),
-        log: (msg, fields) => log.info({ component: 'devnet', ...fields }, msg),
+        log: (msg, fields, level) => log[level ?? 'info']({ component: 'devnet', ...fields }, msg),
       })
       rpcUrl = devnet.rpcUrl
       transport = custom({ request: (args) => devnet!.request(args as { method: string; params?: unknown[] }) })
@@ -183,8 +185,9 @@ export class Chain {
     }
   }
 
+  /** Asked anew each time: viem's getBlockNumber hands later callers a request still in flight, so one that hung kept /readyz failing after the node recovered. */
   async blockNumber(): Promise<bigint> {
-    return this.publicClient.getBlockNumber({ cacheTime: 0 }).catch(unanswered)
+    return BigInt(await this.publicClient.request({ method: 'eth_blockNumber' }).catch(unanswered))
   }
 
   async balanceOf(address: Address): Promise<bigint> {

@@ -96,7 +96,8 @@ export interface DevnetOptions {
    * not held 200 ms per tx.
    */
   blockTimeMs?: number
-  log?: (msg: string, fields?: object) => void
+  /** `level`: what went wrong is `warn` (the chain carries on) or `error` (it cannot); else information. */
+  log?: (msg: string, fields?: object, level?: 'warn' | 'error') => void
   /** Path of the anvil binary (default: config chain.anvilPath, else the npm package). */
   anvilPath?: string
   /**
@@ -348,7 +349,7 @@ interface Child {
   stderrTail: () => string
 }
 
-async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: string, ipcTimeoutMs: number, log: (m: string, f?: object) => void): Promise<Child> {
+async function spawnAnvil(bin: string, args: string[], dir: string, pidFile: string, ipcTimeoutMs: number, log: NonNullable<DevnetOptions['log']>): Promise<Child> {
   // in the data dir (a socket left by a killed anvil is replaced next time), unless the path is
   // too long for a unix socket
   let ipcPath = path.join(dir, 'anvil.ipc')
@@ -508,7 +509,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   try {
     const old = Number(fs.readFileSync(pidFile, 'utf8'))
     if (old > 0 && pidAlive(old) && fs.readFileSync(`/proc/${old}/cmdline`, 'utf8').includes('anvil')) {
-      log('killing stale anvil', { pid: old })
+      log('killing stale anvil', { pid: old }, 'warn')
       process.kill(old, 'SIGKILL')
     }
   } catch {}
@@ -607,7 +608,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       let text = fs.readFileSync(journalPath(g), 'utf8')
       const end = text.lastIndexOf('\n') + 1
       if (end !== text.length) {
-        log('dropping a torn journal tail', { journal: g, bytes: text.length - end })
+        log('dropping a torn journal tail', { journal: g, bytes: text.length - end }, 'warn')
         fs.truncateSync(journalPath(g), Buffer.byteLength(text.slice(0, end)))
         text = text.slice(0, end)
       }
@@ -636,7 +637,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         rs.forEach((r, i) => {
           if (r.error) {
             // e.g. a carried-over pending tx that the previous journal already sent
-            if (++failures <= 5) log('journal replay: call failed', { method: entry.m, error: r.error.message })
+            if (++failures <= 5) log('journal replay: call failed', { method: entry.m, error: r.error.message }, 'warn')
           } else if (SENDS.has(entry.m!) && typeof r.result === 'string') pending.set(r.result.toLowerCase(), entry.ps ? journalLine(entry.m!, calls[i]!) : line)
         })
         // What a block mined is no longer pending: one read per block here saves asking after
@@ -644,7 +645,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         if (entry.m === 'evm_mine' && !rs[0]!.error) await latestMined()
       }
     }
-    if (failures) log('journal replay finished with failures', { failures })
+    if (failures) log('journal replay finished with failures', { failures }, 'warn')
     await dropMined()
     const replayMs = performance.now() - tReplay
 
@@ -738,7 +739,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         .then(() => commit(next, state, sm))
         .then(
           () => log('chain snapshot', { generation: next, blocks: sm.blocks, heldMs: ms, writeMs: Math.round(performance.now() - tc) }),
-          (e: unknown) => log('writing a chain snapshot failed (the journals still hold everything)', { generation: next, error: String(e) }),
+          (e: unknown) => log('writing a chain snapshot failed (the journals still hold everything)', { generation: next, error: String(e) }, 'warn'),
         )
     }
 
@@ -786,7 +787,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
             (n) => {
               if (n > 0 && pending.size > 0) scheduleMine()
             },
-            (e: unknown) => log('mining failed', { error: String(e) }),
+            (e: unknown) => log('mining failed', { error: String(e) }, 'warn'),
           )
         },
         Math.max(0, lastMineAt + gap - Date.now()),
@@ -802,7 +803,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       serial(async () => {
         if (Date.now() - lastWriteAt >= idleSnapshotMs) await snapshot()
       })
-        .catch((e: unknown) => log('snapshot failed', { error: String(e) }))
+        .catch((e: unknown) => log('snapshot failed', { error: String(e) }, 'warn'))
         .finally(() => {
           snapshotQueued = false
         })
@@ -826,7 +827,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
         // still behind: the offset we hold is not anvil's (e.g. a block at a set timestamp moved it)
         if (stale()) await recordOffset()
       })
-        .catch((e: unknown) => log('mining a block for chain time failed', { error: String(e) }))
+        .catch((e: unknown) => log('mining a block for chain time failed', { error: String(e) }, 'warn'))
         .finally(() => {
           freshening = null
         }))
@@ -984,7 +985,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       // the watchdog exits with anvil's status: 128+n when a signal killed it
       const killedBy = signal ?? (code !== null && code > 128 ? Object.entries(os.constants.signals).find(([, n]) => n === code - 128)?.[0] : undefined) ?? null
       dead = new DevnetUnavailableError(`embedded chain: anvil exited unexpectedly (${killedBy ?? `code ${code}`}); restart Paygate`)
-      log('anvil exited unexpectedly', { code: killedBy ? null : code, signal: killedBy, stderr: child.stderrTail().slice(-500) })
+      log('anvil exited unexpectedly', { code: killedBy ? null : code, signal: killedBy, stderr: child.stderrTail().slice(-500) }, 'error')
       child.ipc.fail(dead, true)
       clearInterval(idleTimer)
       if (mineTimer) clearTimeout(mineTimer)
@@ -1011,7 +1012,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
             closed = true
           }).catch((e: unknown) => {
             closed = true
-            log('final snapshot failed (the journal still holds everything)', { error: String(e) })
+            log('final snapshot failed (the journal still holds everything)', { error: String(e) }, 'warn')
           })
           await commits
           for (const f of minedWaiters) f()
