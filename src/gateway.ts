@@ -191,6 +191,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       defaultAgent: config.proxy.defaultAgent,
       passThrough: config.proxy.passThrough,
       accessLog: config.proxy.accessLog,
+      idleTimeoutMs: config.proxy.idleTimeoutMs,
       ...(config.upstream.caFile ? { upstreamCa: [...rootCertificates, readFileSync(config.upstream.caFile, 'utf8')] } : {}),
     })
     router.add(...caRoutes(ca))

@@ -18,7 +18,8 @@ export interface KeySpec {
   doc: string
 }
 
-const API_KEY_RE = /^rp_live_[0-9A-Za-z]{32,}$/
+/** As the registry reads account keys (agents/keys.ts): a longer key would pass here and never authenticate. */
+const API_KEY_RE = /^rp_live_[0-9A-Za-z]{32,128}$/
 
 /** 32 bytes as 64 hex characters or base64 (44 characters with padding). */
 export function decodeMasterKey(v: string): Buffer | null {
@@ -47,7 +48,7 @@ export const KEYS: readonly KeySpec[] = [
     path: 'accountKey',
     kind: 'secret',
     optional: true,
-    check: (v) => (API_KEY_RE.test(v) ? null : 'rp_live_ followed by at least 32 base62 characters'),
+    check: (v) => (API_KEY_RE.test(v) ? null : 'rp_live_ followed by 32 to 128 base62 characters'),
     doc: 'An extra account key (`rp_live_…`) accepted while it is set. Prefer the environment to a flag: flags show in `ps`.',
   },
   {
@@ -89,6 +90,13 @@ export const KEYS: readonly KeySpec[] = [
     path: 'proxy.accessLog',
     kind: 'bool',
     doc: 'One info line per proxied request (agent, method, host, status, amount paid, error, ms). `false` turns that line off (as squid\'s `access_log none`); payments, failures and warnings are logged either way.',
+  },
+  {
+    path: 'proxy.idleTimeoutMs',
+    kind: 'int',
+    min: 1000,
+    max: 3_600_000,
+    doc: 'How long a proxy connection, or a CONNECT tunnel, may sit idle (also before its first byte) before it is closed, in ms.',
   },
   { path: 'proxy.passThrough', kind: 'hostList', doc: 'Hosts tunnelled untouched through CONNECT (no interception, no paying), for pinned clients. Comma-separated in the environment.' },
   { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },

@@ -11,7 +11,7 @@ export interface Config {
   accountKey: string | null
   masterKey: string | null
   api: { host: string; port: number; maxBodyBytes: number; rateLimit: { perMinute: number; burst: number } }
-  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[]; accessLog: boolean }
+  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[]; accessLog: boolean; idleTimeoutMs: number }
   chain: {
     rpcUrl: string | null
     chainId: number

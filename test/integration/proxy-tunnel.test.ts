@@ -286,3 +286,10 @@ t.test('idle tunnels are closed: before their first byte and between requests, a
   ms = await timed(plain)
   t.ok(ms >= IDLE * 0.8, `plain connection: closed after ${ms} ms`)
 })
+
+t.test('proxy.idleTimeoutMs reaches the proxy', async (t) => {
+  t.equal(gw.gw.proxy.idleTimeoutMs, 65_000, 'the default')
+  const short = await startTestGateway({ env: { PAYGATE_PROXY_IDLE_TIMEOUT_MS: '1500' } })
+  t.teardown(() => short.close())
+  t.equal(short.gw.proxy.idleTimeoutMs, 1500, 'as configured')
+})
