@@ -45,6 +45,7 @@ t.test('validation table names the field', async (t) => {
     [{ dailyBudget: { usdc: 'ten' } }, 'dailyBudget.usdc'],
     [{ dailyBudget: { usdc: true } }, 'dailyBudget.usdc'],
     [{ dailyBudget: { usdc: 1e13 } }, 'dailyBudget.usdc'],
+    [{ dailyBudget: { usdc: 999999999999.999999 } }, 'dailyBudget.usdc'],
     [{ perCallLimit: { usdc: 1.2345678 } }, 'perCallLimit.usdc'],
     [{ perCallLimit: {} }, 'perCallLimit'],
     [{ allowedDomains: 'example.com' }, 'allowedDomains'],
@@ -93,4 +94,9 @@ t.test('view shows usage from stored payments', async (t) => {
   t.equal(v.protocolPreference, 'auto')
   t.equal(usedToday(usage, now + DAY_MS), 0n, 'period over: usage resets')
   t.equal(paymentsWithin(usage, now, 60_000), 1)
+})
+
+t.test('a large amount is exact as a decimal string', async (t) => {
+  t.equal(mergePolicy(defaultPolicy(), { dailyBudget: { usdc: '999999999999.999999' } }, 'a').dailyBudget, '999999999999999999')
+  t.equal(mergePolicy(defaultPolicy(), { dailyBudget: { usdc: 9007199254 } }, 'a').dailyBudget, '9007199254000000', 'the largest number accepted')
 })
