@@ -1,3 +1,4 @@
+import { X509Certificate } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createSecureContext, rootCertificates, type SecureContext } from 'node:tls'
 import { Readable } from 'node:stream'
@@ -99,6 +100,8 @@ class Handler implements Dispatcher.DispatchHandler {
   }
 }
 
+const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
+
 export class Upstream {
   readonly dispatcher: Agent
   /** Upstream TLS trust, shared with the proxy's own connections; undefined: the system roots. */
@@ -113,6 +116,16 @@ export class Upstream {
         extra = readFileSync(caFile, 'utf8')
       } catch (e) {
         throw new PaygateError('invalid_config', `upstream.caFile ${caFile} cannot be read: ${(e as Error).message}`)
+      }
+      // A file with no certificate in it (a wrong path, a key file) would be ignored silently.
+      const pems = extra.match(PEM_CERT) ?? []
+      if (!pems.length) throw new PaygateError('invalid_config', `upstream.caFile ${caFile} holds no PEM certificate (-----BEGIN CERTIFICATE-----)`)
+      for (const pem of pems) {
+        try {
+          new X509Certificate(pem)
+        } catch (e) {
+          throw new PaygateError('invalid_config', `upstream.caFile ${caFile} holds a certificate that cannot be read: ${(e as Error).message}`)
+        }
       }
       ca = [...rootCertificates, extra]
     }

@@ -1,6 +1,6 @@
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
-import { readFileSync, rmSync } from 'node:fs'
+import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { tempDir } from '../helpers/gateway.js'
@@ -94,4 +94,22 @@ t.test('the package bin (`paygate`) runs the same CLI: `paygate ca` prints the C
   const bad = spawnSync(process.execPath, [bin, 'nope'], { env, encoding: 'utf8', timeout: 60_000 })
   t.equal(bad.status, 2)
   t.match(bad.stderr, /unknown command or argument "nope"/)
+})
+
+t.test('an upstream CA file with no certificate in it stops the start naming the key', async (t) => {
+  const dataDir = tempDir()
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const notPem = join(dataDir, 'not-a-ca.txt')
+  writeFileSync(notPem, 'hostname\n')
+  const broken = join(dataDir, 'broken.pem')
+  writeFileSync(broken, '-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n')
+  for (const [file, why] of [
+    [notPem, /upstream\.caFile .*not-a-ca\.txt holds no PEM certificate/],
+    [broken, /upstream\.caFile .*broken\.pem holds a certificate that cannot be read/],
+  ] as const) {
+    const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', PAYGATE_UPSTREAM_CA_FILE: file }, [])
+    t.not(r.code, 0, 'the start stops')
+    t.match(r.stderr, why)
+    t.notMatch(r.stderr, /\n\s+at /, 'no stack')
+  }
 })
