@@ -1,4 +1,4 @@
-import { createServer, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server as HttpServer, type ServerResponse } from 'node:http'
+import { createServer, STATUS_CODES, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server as HttpServer, type ServerResponse } from 'node:http'
 import { connect as netConnect, createServer as createNetServer, isIP, type Server, type Socket } from 'node:net'
 import { Duplex, Readable } from 'node:stream'
 import { TLSSocket } from 'node:tls'
@@ -38,11 +38,7 @@ export interface ProxyDeps {
 }
 
 const AUTH_REALM = 'Basic realm="paygate"'
-/** The raw 407 for sockets that left HTTP (CONNECT, upgrades). */
-const RAW_407 = `HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: ${AUTH_REALM}\r\nContent-Length: 0\r\n\r\n`
 const MAX_IDEMPOTENT_BODY = 8 * 1024 * 1024
-const DENY_BODY = Buffer.from(JSON.stringify({ error: 'unauthorized', detail: 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy' }))
-const DENY_HEADERS = { 'proxy-authenticate': AUTH_REALM, 'content-type': 'application/json', 'content-length': DENY_BODY.length }
 /** Safe (RFC 9110 §9.2.1), so sending one again is harmless, and without a body: the methods the fast path serves. */
 const FAST_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 
@@ -189,6 +185,23 @@ function errorAnswer(e: PaygateError): { headers: OutgoingHttpHeaders; body: Buf
   return { headers: { 'content-type': 'application/json', 'content-length': body.length, 'x-paygate-error': e.code, ...e.headers }, body }
 }
 
+/**
+ * An answer Paygate composes on a socket that left HTTP (CONNECT, upgrades), closing it:
+ * the same error JSON and `X-Paygate-Error` as every other answer Paygate makes, so an
+ * agent never mistakes it for a target's.
+ */
+function rawAnswer(e: PaygateError, status = e.status): string {
+  const { headers, body } = errorAnswer(e)
+  let out = `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\n`
+  for (const [k, v] of Object.entries(headers)) out += `${k}: ${String(v)}\r\n`
+  return `${out}connection: close\r\n\r\n${body.toString()}`
+}
+
+/** Missing or wrong proxy credentials: 407 (the error is `unauthorized`, as on the API). */
+const DENIED = new PaygateError('unauthorized', 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy', {}, { 'proxy-authenticate': AUTH_REALM })
+const { headers: DENY_HEADERS, body: DENY_BODY } = errorAnswer(DENIED)
+const RAW_407 = rawAnswer(DENIED, 407)
+
 /** `host:port` of a CONNECT target, IPv6 in brackets. */
 function splitAuthority(authority: string): { host: string; port: number } | null {
   const m = /^\[([^\]]+)\]:(\d{1,5})$/.exec(authority) ?? /^([^:]+):(\d{1,5})$/.exec(authority)
@@ -250,6 +263,8 @@ export class ProxyServer implements FastHost {
   private closing = false
   private readonly tunnels = new WeakMap<object, Tunnel>()
   private readonly ws = httpProxy.createProxyServer({ ws: true, xfwd: false })
+  /** Bytes an upgrading socket had sent before the upgrade (a net.Socket's count; streams handed to Node's servers have none). */
+  private readonly upgradeSent = new WeakMap<object, number>()
   /** The line per request: its fields are fixed and secret-free. */
   private readonly access: ReturnType<typeof infoLine>
   private readonly identity: ProxyIdentity
@@ -272,7 +287,12 @@ export class ProxyServer implements FastHost {
     this.inner.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, this.tunnels.get(req.socket) ?? null))
     this.ws.on('error', (err, _req, target) => {
       this.d.log.warn({ err: err.message }, 'websocket proxy error')
-      if (target && 'destroy' in target) (target as Socket).destroy()
+      if (!target || !('destroy' in target)) return
+      const socket = target as Socket
+      // Nothing sent to the agent since the upgrade began (the target never answered it): say so, as any failed send.
+      const before = this.upgradeSent.get(socket)
+      if (before !== undefined && socket.bytesWritten === before && socket.writable) socket.end(rawAnswer(new PaygateError('upstream_unreachable', `the target could not be reached: ${err.message}`)))
+      else socket.destroy()
     })
   }
 
@@ -294,10 +314,7 @@ export class ProxyServer implements FastHost {
 
   private async onTunnelRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const t = this.tunnels.get(req.socket)
-    if (!t) {
-      res.writeHead(500).end()
-      return
-    }
+    if (!t) return this.fail(res, new PaygateError('internal_error', 'internal error; safe to retry with backoff'))
     if (t.revision !== this.d.registry.revision && !(await this.stillHolds(t))) return this.deny(res, true)
     const path = tunnelPath(t, req.url ?? '/')
     if (path === null) return this.fail(res, tunnelTargetError(t))
@@ -648,7 +665,7 @@ export class ProxyServer implements FastHost {
     this.counters.connects++
     const target = splitAuthority(authority)
     if (!target) {
-      socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
+      socket.end(rawAnswer(new PaygateError('invalid_request', `CONNECT needs host:port, got ${JSON.stringify(authority.slice(0, 300))}`, { field: 'request-target' })))
       return
     }
     // Read before verifying: a revocation meanwhile makes the tunnel's first request check again.
@@ -661,13 +678,19 @@ export class ProxyServer implements FastHost {
     }
     const auth = headers['proxy-authorization']
     if (hostMatches(this.d.passThrough, target.host)) {
+      let open = false
       const up = netConnect(target.port, target.host, () => {
+        open = true
         socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
         if (head.length) up.write(head)
         socket.pipe(up).pipe(socket)
         socket.resume()
       })
-      up.on('error', () => socket.end('HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n'))
+      up.on('error', (e) => {
+        // Once the tunnel is up, the agent's bytes are the target's: only closing can say it broke.
+        if (!open) socket.end(rawAnswer(new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`)))
+        else socket.destroy()
+      })
       return
     }
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
@@ -709,7 +732,7 @@ export class ProxyServer implements FastHost {
       }
       const path = tunnelPath(tunnel, req.url ?? '/')
       if (path === null) {
-        socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
+        socket.end(rawAnswer(tunnelTargetError(tunnel)))
         return
       }
       origin = tunnel.origin
@@ -725,12 +748,13 @@ export class ProxyServer implements FastHost {
         origin = `${u.protocol === 'wss:' || u.protocol === 'https:' ? 'https' : 'http'}://${u.host}`
         req.url = `${u.pathname}${u.search}`
       } catch {
-        socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')
+        socket.end(rawAnswer(new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (ws://host/path) or CONNECT', { field: 'request-target' })))
         return
       }
     }
     delete req.headers['proxy-authorization']
     for (const k of Object.keys(req.headers)) if (k.startsWith('x-paygate-')) delete req.headers[k]
+    if (typeof socket.bytesWritten === 'number') this.upgradeSent.set(socket, socket.bytesWritten)
     this.ws.ws(req, socket, head, { target: origin, changeOrigin: true, secure: true, ...(this.d.upstreamCa ? { ca: this.d.upstreamCa } : {}) } as never)
   }
 
