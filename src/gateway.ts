@@ -41,6 +41,7 @@ import { systemClock, type Clock } from './util/clock.js'
 import { Keystore } from './wallet/keystore.js'
 import { WalletService } from './wallet/service.js'
 import { Wallets } from './wallet/wallets.js'
+import { portTaken } from './util/ports.js'
 
 export interface GatewayOptions {
   log: Logger
@@ -74,11 +75,13 @@ export interface Gateway {
   close(): Promise<void>
 }
 
-function listen(server: NetServer, port: number, host: string): Promise<AddressInfo> {
+/** Listen, naming the config key when the address is taken. */
+function listen(server: NetServer, port: number, host: string, key: string): Promise<AddressInfo> {
   return new Promise((resolve, reject) => {
-    server.once('error', reject)
+    const failed = (e: NodeJS.ErrnoException): void => reject(e.code === 'EADDRINUSE' ? portTaken(key, host, port) : e)
+    server.once('error', failed)
     server.listen(port, host, () => {
-      server.off('error', reject)
+      server.off('error', failed)
       resolve(server.address() as AddressInfo)
     })
   })
@@ -195,8 +198,8 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       ...(config.upstream.caFile ? { upstreamCa: [...rootCertificates, readFileSync(config.upstream.caFile, 'utf8')] } : {}),
     })
     router.add(...caRoutes(ca))
-    const addr = await listen(api, config.api.port, config.api.host)
-    const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host)
+    const addr = await listen(api, config.api.port, config.api.host, 'api.port')
+    const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host, 'proxy.port')
 
     let closing: Promise<void> | undefined
     return {

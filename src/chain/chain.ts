@@ -30,6 +30,7 @@ import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
 import { DevnetUnavailableError, startDevnet, type Devnet, type SendResult } from './devnet.js'
+import { portTaken } from '../util/ports.js'
 
 export type Address = `0x${string}`
 
@@ -134,6 +135,8 @@ export class Chain {
         port: c.rpcPort,
         ...(c.anvilPath ? { anvilPath: c.anvilPath } : {}),
         log: (msg, fields, level) => log[level ?? 'info']({ component: 'devnet', ...fields }, msg),
+      }).catch((e: NodeJS.ErrnoException) => {
+        throw e.code === 'EADDRINUSE' ? portTaken('chain.rpcPort', c.rpcHost, c.rpcPort) : e
       })
       rpcUrl = devnet.rpcUrl
       transport = custom({ request: (args) => devnet!.request(args as { method: string; params?: unknown[] }) })

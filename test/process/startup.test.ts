@@ -1,6 +1,7 @@
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
-import { readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { createServer as createNetServer, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { tempDir } from '../helpers/gateway.js'
@@ -20,6 +21,15 @@ t.test('a bad config value stops the start with a clear message and no stack', a
   t.match(flag.stderr, /log\.level = "chatty" \(from --log-level\)/)
 })
 
+/** Whether process `pid`'s command line holds `text` (false once it is gone). */
+function cmdlineHas(pid: string, text: string): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(text)
+  } catch {
+    return false
+  }
+}
+
 t.test('a port already in use stops the start with a message', async (t) => {
   const dataDir = tempDir()
   t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
@@ -30,7 +40,20 @@ t.test('a port already in use stops the start with a message', async (t) => {
   t.teardown(() => rmSync(other, { recursive: true, force: true }))
   const r = await runCli({ PAYGATE_DATA_DIR: other, PAYGATE_API_PORT: port }, [])
   t.equal(r.code, 1)
-  t.match(r.stderr, /cannot start: .*EADDRINUSE/)
+  t.match(r.stderr, new RegExp(`cannot start: api\\.port = ${port}: 127\\.0\\.0\\.1:${port} is already in use \\(EADDRINUSE\\)`))
+
+  // The embedded chain's port (8545 by default: often a developer's own anvil).
+  const holder = createNetServer()
+  await new Promise<void>((res) => holder.listen(0, '127.0.0.1', res))
+  t.teardown(() => new Promise<void>((res) => holder.close(() => res())))
+  const taken = (holder.address() as AddressInfo).port
+  const third = tempDir()
+  t.teardown(() => rmSync(third, { recursive: true, force: true }))
+  const c = await runCli({ PAYGATE_DATA_DIR: third, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: String(taken) }, [])
+  t.equal(c.code, 1)
+  t.match(c.stderr, new RegExp(`chain\\.rpcPort = ${taken}: 127\\.0\\.0\\.1:${taken} is already in use`))
+  const left = readdirSync('/proc').filter((p) => /^\d+$/.test(p) && cmdlineHas(p, third))
+  t.same(left, [], 'no anvil left behind')
 })
 
 t.test('start prints where everything is; no secret ever reaches the logs', async (t) => {
