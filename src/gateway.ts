@@ -30,7 +30,6 @@ import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
 import { ProxyServer } from './proxy/server.js'
 import { PaygateError } from './errors/index.js'
-import { isIP } from 'node:net'
 import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import type { Config } from './config/load.js'
@@ -41,7 +40,7 @@ import { systemClock, type Clock } from './util/clock.js'
 import { Keystore } from './wallet/keystore.js'
 import { WalletService } from './wallet/service.js'
 import { Wallets } from './wallet/wallets.js'
-import { portTaken } from './util/ports.js'
+import { isLoopback, portTaken } from './util/ports.js'
 
 export interface GatewayOptions {
   log: Logger
@@ -131,12 +130,14 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   let api: Server | undefined
   let stopSweeping: (() => void) | undefined
   try {
-    const loopback = config.proxy.host === 'localhost' || (isIP(config.proxy.host) !== 0 && /^(127\.|::1$)/.test(config.proxy.host))
-    if (config.proxy.defaultAgent && !loopback && !config.proxy.allowRemoteDefaultAgent) {
+    if (config.proxy.defaultAgent && !isLoopback(config.proxy.host) && !config.proxy.allowRemoteDefaultAgent) {
       throw new PaygateError(
         'invalid_config',
         `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`,
       )
+    }
+    if (!config.chain.rpcUrl && !isLoopback(config.chain.rpcHost)) {
+      log.warn({ rpcHost: config.chain.rpcHost }, "the embedded chain's JSON-RPC is served beyond loopback: anyone who reaches it can use its dev methods (anvil_setBalance, impersonation, evm_* time travel)")
     }
     const registry = new Registry(store, clock, config.accountKey)
     const policies = new PolicyStore(store, registry, clock)
