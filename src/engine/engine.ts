@@ -51,8 +51,8 @@ export interface PayOutcome {
   unpaid?: PaygateError
   session?: { protocol: 'mpp' }
   /**
-   * A payment was sent but the target answered 400 or more and the chain shows it unsettled:
-   * nothing is paid now, and the reservation stays held until the authorization expires.
+   * A payment was sent but the target answered 400 or more and the chain does not show it
+   * settled: nothing is paid now, and the reservation stays held until the authorization expires.
    */
   held?: { transactionId: string }
 }
@@ -331,11 +331,23 @@ export class PaymentEngine {
     if (!nonce) return this.payNow(req, plan, parent)
     // The offer fixes the authorization's nonce (MPP evm/charge binds it to the challenge), so
     // it can be paid once, ever: payments of one nonce take turns, and a nonce already used on
-    // chain is not signed again (else the refusal that follows would read as this payment).
+    // chain, or held by a transaction whose outcome is still open, is not signed again (else the
+    // refusal that follows, or the reconciler, would count one transfer twice).
     return this.fixedNonces.run(`${req.agentId}\u0000${nonce}`, async () => {
-      const signer = await this.d.wallets.signer(req.agentId).catch(() => null)
-      const used = signer ? await this.authorizationUsed(signer.address, nonce).catch((e: unknown) => chainSilent(e)) : false
-      if (used) {
+      // The policy has its say first (a rejection needs no chain); payNow decides again, under the agent's lock.
+      const [policy, usage] = await Promise.all([this.d.policies.policyOf(req.agentId), this.d.policies.usageOf(req.agentId)])
+      const wallet = await this.d.wallets.get(req.agentId)
+      if (!wallet || !decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, this.d.clock.now()).ok) return this.payNow(req, plan, parent)
+      const from = wallet.address.toLowerCase()
+      const same = (r: TxRecord): boolean => !!r.authorization && isEip3009(r.authorization) && r.authorization.nonce === nonce && r.authorization.from.toLowerCase() === from
+      for (const status of ['pending', 'unknown'] as const) {
+        for await (const r of this.d.transactions.all(status)) {
+          if (r.agentId === req.agentId && same(r)) {
+            throw new PaygateError('no_payable_offer', `the target's challenge is held by transaction ${r.id}, whose outcome is still open; a challenge is never paid twice`, { transactionId: r.id })
+          }
+        }
+      }
+      if (await this.authorizationUsed(wallet.address, nonce).catch((e: unknown) => chainSilent(e))) {
         throw new PaygateError('no_payable_offer', `the target's challenge was paid before (its authorization nonce ${nonce} is used on chain); a challenge is never paid twice`)
       }
       return this.payNow(req, plan, parent)
@@ -473,12 +485,15 @@ export class PaymentEngine {
         d = { kind: 'transient', response: null, error: (e as Error).message }
       }
       if (d.kind === 'served') {
-        // The official x402 servers settle only answers below 400; for any other, the chain says whether the money moved.
-        if (!onChain || d.response.status < 400) return this.paid(rec, d.response, plan)
-        if ((await this.used(auth).catch(() => null)) === true) return this.paid(rec, d.response, plan)
+        // The official x402 servers settle only answers below 400; for any other, the chain says
+        // whether the money moved (unless the plan was paid before this answer: mpp/1.0's payment endpoint).
+        if (!onChain || plan.paidWhenServed || d.response.status < 400) return this.paid(rec, d.response, plan)
+        const settled = await this.used(auth).catch(() => null)
+        if (settled === true) return this.paid(rec, d.response, plan)
         // Not settled, or the chain cannot say: the target holds a valid authorization it may still
         // redeem, so the reservation stays held until validBefore (the reconciler commits or releases it).
-        await this.finish(rec, { status: 'unknown', error: `the target answered ${d.response.status} and the authorization is not used on chain`, upstreamStatus: d.response.status }, 'keep')
+        const why = settled === false ? 'the authorization is not used on chain' : 'the chain could not say whether it settled'
+        await this.finish(rec, { status: 'unknown', error: `the target answered ${d.response.status} and ${why}`, upstreamStatus: d.response.status }, 'keep')
         return { response: d.response, payment: null, held: { transactionId: rec.id } }
       }
       if (d.kind === 'transient') mayRedeem = true
@@ -516,7 +531,11 @@ export class PaymentEngine {
    */
   async cutOff(agentId: string, idempotencyKey: string, startedAt: number): Promise<TxRecord | undefined> {
     const rec = await this.d.transactions.findByIdempotencyKey(agentId, idempotencyKey, startedAt - CUT_OFF_MARGIN_MS)
-    if (!rec || rec.status === 'rejected' || (rec.status === 'failed' && !rec.attempts)) return undefined
+    // Nothing that could move money left Paygate: no authorization (refused, or short of funds),
+    // or an EIP-3009 one that failed unsigned (signing failed) or expired unused. An off-chain
+    // proof that failed may have been redeemed: that failure stands.
+    const harmless = (r: TxRecord): boolean => !r.authorization || (isEip3009(r.authorization) && r.authorization.signature === '')
+    if (!rec || rec.status === 'rejected' || (rec.status === 'failed' && harmless(rec))) return undefined
     if (rec.status === 'pending' || rec.status === 'unknown') {
       throw new PaygateError('unavailable', 'a request with this idempotencyKey was cut off by a restart while paying; its payment is being settled: retry later', { transactionId: rec.id }, { 'retry-after': '5' })
     }

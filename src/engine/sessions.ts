@@ -1,6 +1,7 @@
 import type { Registry } from '../agents/registry.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
+import { KeyedMutex } from '../util/mutex.js'
 
 /** An MPP session bought from one service (origin) by one agent. */
 export interface MppSession {
@@ -22,6 +23,8 @@ const keyOf = (agentId: string, origin: string): string => `${agentId}\x00${orig
 export class MppSessions {
   private readonly coll: Collection<MppSession>
   private readonly cache = new Map<string, MppSession | null>()
+  /** Saves and drops of one agent and service, one at a time. */
+  private readonly writes = new KeyedMutex()
   /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
   private deletes = 0
 
@@ -58,9 +61,11 @@ export class MppSessions {
     let s = this.cache.get(k)
     if (s === undefined) {
       const deletes = this.deletes
-      s = (await this.coll.get(k)) ?? null
+      const read = (await this.coll.get(k)) ?? null
       if (this.cache.size > 10_000) this.cache.clear()
-      if (deletes === this.deletes) this.cache.set(k, s)
+      // A session saved or dropped meanwhile is cached already, and newer than what was read.
+      if (deletes === this.deletes && !this.cache.has(k)) this.cache.set(k, read)
+      s = this.cache.get(k) ?? read
     }
     return this.unexpired(s)
   }
@@ -71,15 +76,19 @@ export class MppSessions {
 
   async save(agentId: string, origin: string, s: MppSession): Promise<void> {
     const k = keyOf(agentId, origin)
-    await this.coll.put(k, s)
-    this.cache.set(k, s)
+    await this.writes.run(k, async () => {
+      await this.coll.put(k, s)
+      this.cache.set(k, s)
+    })
   }
 
-  /** Forget a session the service refused (only if it is still the one stored). */
+  /** Forget a session the service refused (only if it is still the one stored: a save and a drop of one key take turns). */
   async drop(agentId: string, origin: string, token: string): Promise<void> {
     const k = keyOf(agentId, origin)
-    const cur = (await this.coll.get(k)) ?? null
-    if (cur && cur.token === token) await this.coll.del(k)
-    this.cache.set(k, cur && cur.token !== token ? cur : null)
+    await this.writes.run(k, async () => {
+      const cur = (await this.coll.get(k)) ?? null
+      if (cur && cur.token === token) await this.coll.del(k)
+      this.cache.set(k, cur && cur.token !== token ? cur : null)
+    })
   }
 }

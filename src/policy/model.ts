@@ -9,8 +9,12 @@ export const PREFERENCES = ['auto', 'x402', 'mpp'] as const
 export type ProtocolPreference = (typeof PREFERENCES)[number]
 
 const MAX_DOMAINS = 1000
-/** The largest USDC amount every 6-decimal value of which a double holds exactly (2^53 base units). */
-const MAX_EXACT_NUMBER_USDC = 9_007_199_254
+/**
+ * Below 2^33 USDC doubles are closer together than 0.000001, so a JSON number there parses back
+ * to exactly the 6-decimal amount written; from 2^33 up it may not (8999999999.999999 reads as
+ * 8999999999.999998).
+ */
+const EXACT_NUMBER_BOUND_USDC = 2 ** 33
 const MAX_RATE_CALLS = 1_000_000
 
 /** A policy as stored: amounts as decimal strings of base units. Unset limits are absent. */
@@ -40,10 +44,8 @@ function amount(field: string, v: unknown, readOnly: readonly string[] = []): st
   if (!('usdc' in v)) throw invalid(field, `${field} must be an object {usdc: number}`)
   const raw = v.usdc
   if (typeof raw !== 'number' && typeof raw !== 'string') throw invalid(`${field}.usdc`, `${field}.usdc must be a number`)
-  // Past 2^53 base units a JSON number no longer holds every 6-decimal amount exactly
-  // (999999999999.999999 parses as 1000000000000): such amounts must come as strings.
-  if (typeof raw === 'number' && raw > MAX_EXACT_NUMBER_USDC) {
-    throw invalid(`${field}.usdc`, `${field}.usdc above ${MAX_EXACT_NUMBER_USDC} cannot be exact as a JSON number; send it as a decimal string`)
+  if (typeof raw === 'number' && raw >= EXACT_NUMBER_BOUND_USDC) {
+    throw invalid(`${field}.usdc`, `${field}.usdc of ${EXACT_NUMBER_BOUND_USDC} or more cannot be exact as a JSON number; send it as a decimal string`)
   }
   let units: bigint
   try {

@@ -165,3 +165,42 @@ t.test('an mpp/1.0 offer selling no session cannot carry a POST to the target: n
   t.equal(g.status, 200, 'a GET is still paid: the payment answer is the resource')
   t.equal(paymentPosts, 1)
 })
+
+t.test('a repeated challenge whose first payment is still open (held, unsettled) is not paid again', async (t) => {
+  const recipient = privateKeyToAccount(generatePrivateKey()).address
+  const expires = new Date(Date.now() + 300_000).toISOString()
+  let credentials = 0
+  const l = await listen((req: IncomingMessage, res) => {
+    if (req.headers.authorization?.startsWith('Payment ')) {
+      credentials++
+      // Takes the credential, settles nothing, answers 404: the payment stays open until it expires.
+      res.writeHead(404, { 'content-type': 'application/json' })
+      return res.end('{"error":"gone"}')
+    }
+    const c = Challenge.from({
+      secretKey: 'y'.repeat(40),
+      realm: 'held.test',
+      method: 'evm',
+      intent: 'charge',
+      expires,
+      request: { amount: '10000', currency: info.token, recipient, methodDetails: { chainId: info.chainId, credentialTypes: ['authorization'] } },
+    } as never)
+    res.writeHead(402, { 'www-authenticate': Challenge.serialize(c), 'content-type': 'application/problem+json' })
+    res.end(JSON.stringify({ type: 'https://paymentauth.org/problems/payment-required', status: 402 }))
+  })
+  t.teardown(() => l.close())
+  const a = await agent({ protocolPreference: 'mpp' })
+
+  const first = await pay(a.id, `${l.url}/thing`)
+  t.equal(first.status, 200, first.text)
+  t.match(first.body, { protocol: null, amountPaid: { usdc: 0 }, status: 404, transactionId: /^tx_/ }, 'not settled: nothing paid, held')
+  const second = await pay(a.id, `${l.url}/thing`)
+  t.same([second.status, second.body.error, second.body.transactionId], [402, 'no_payable_offer', first.body.transactionId], second.text)
+  t.match(second.body.detail, /held by transaction/)
+  t.equal(credentials, 1, 'the challenge was sent once')
+  t.same(
+    (await txsOf(a.id)).map((x) => x.status),
+    ['unknown'],
+    'one open transaction: the reconciler can count its transfer once',
+  )
+})

@@ -1,7 +1,7 @@
 import t, { type Test } from 'tap'
 import { createServer, request as httpRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib'
+import { brotliCompressSync, deflateRawSync, deflateSync, gzipSync } from 'node:zlib'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startV2Merchant, type Merchant } from '../helpers/merchants.js'
@@ -192,17 +192,19 @@ t.test("a compressed answer is decoded into data; the caller's Accept-Encoding i
     asked.push(req.headers['accept-encoding'])
     const coding = req.url!.slice(1)
     const json = Buffer.from(JSON.stringify({ hello: 'world', coding }))
-    const body = coding === 'gzip' ? gzipSync(json) : coding === 'br' ? brotliCompressSync(json) : coding === 'deflate' ? deflateSync(json) : Buffer.from('not gzip at all')
-    res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': coding === 'broken' ? 'gzip' : coding })
+    const body =
+      coding === 'gzip' ? gzipSync(json) : coding === 'br' ? brotliCompressSync(json) : coding === 'deflate' ? deflateSync(json) : coding === 'raw-deflate' ? deflateRawSync(json) : Buffer.from('not gzip at all')
+    const header = coding === 'broken' ? 'gzip' : coding === 'raw-deflate' ? 'deflate' : coding
+    res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': header })
     res.end(body)
   })
   t.teardown(() => target.close())
-  for (const coding of ['gzip', 'br', 'deflate']) {
+  for (const coding of ['gzip', 'br', 'deflate', 'raw-deflate']) {
     const r = await pay({ endpoint: `${target.url}/${coding}`, headers: { 'accept-encoding': 'gzip, br' } })
     t.equal(r.status, 200, r.text)
     t.same(r.body.data, { hello: 'world', coding }, `${coding} decoded`)
   }
-  t.same(asked, [undefined, undefined, undefined], 'the target was not asked for a coding')
+  t.same(asked, [undefined, undefined, undefined, undefined], 'the target was not asked for a coding')
   const broken = await pay({ endpoint: `${target.url}/broken` })
   t.same([broken.status, broken.body.error, broken.body.reason], [502, 'upstream_unreachable', 'upstream_body_lost'], 'an answer that does not decode is not passed off as data')
 })

@@ -5,7 +5,8 @@ import { createWalletClient, http, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { isEip3009 } from '../../src/ledger/transactions.js'
+import type { PaygateError } from '../../src/errors/index.js'
+import { isEip3009, newTxId, type TxRecord } from '../../src/ledger/transactions.js'
 import { OffsetClock } from '../../src/util/clock.js'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
@@ -176,4 +177,30 @@ t.test('the policy has its say before the wallet: an agent without a wallet gets
   await gw.api('PUT', `/v1/policies/${id}`, { body: { blockedDomains: [] } })
   const w = await gw.api('POST', '/v1/pay', { body: { agentId: id, endpoint: `${target.url}/x` } })
   t.same([w.status, w.body.error], [404, 'not_found'], 'allowed by the policy: then the missing wallet is the answer')
+})
+
+t.test('a request cut off by a crash: what its transaction says decides the replay', async (t) => {
+  const now = Date.now()
+  const base = { agentId: 'cut', createdAt: now, updatedAt: now, endpoint: 'http://127.0.0.1:1/x', method: 'GET', protocol: 'x402' as const, amount: '1000', txHash: null, parentTxHash: null, depth: 0 }
+  const eip3009 = (signature: string) => ({ from: '0x0000000000000000000000000000000000000001', to: '0x0000000000000000000000000000000000000002', value: '1000', validAfter: '0', validBefore: '1', nonce: `0x${'11'.repeat(32)}`, signature })
+  const cases: [string, Partial<TxRecord>, 'again' | 'paid' | string][] = [
+    ['rejected by the policy', { status: 'rejected' }, 'again'],
+    ['short of funds (nothing signed)', { status: 'failed', error: 'insufficient_funds' }, 'again'],
+    ['an EIP-3009 authorization that failed unsigned or expired unused', { status: 'failed', authorization: eip3009('') }, 'again'],
+    ['an EIP-3009 authorization refused after it was sent', { status: 'failed', authorization: eip3009('0xabc'), attempts: 1 }, 'payment_failed'],
+    ['an off-chain proof whose outcome stayed unknown until it expired', { status: 'failed', authorization: { kind: 'card', expiresAt: now, wire: { spt: 'x' } } }, 'payment_failed'],
+    ['still settling', { status: 'unknown', authorization: eip3009('') }, 'unavailable'],
+    ['paid', { status: 'paid', txHash: `0x${'22'.repeat(32)}` }, 'paid'],
+  ]
+  let i = 0
+  for (const [what, rec, want] of cases) {
+    const key = `cut-${++i}`
+    await gw.gw.transactions.put({ ...base, id: newTxId(now + i), idempotencyKey: key, ...rec } as TxRecord)
+    const got = await gw.gw.engine.cutOff('cut', key, now).then(
+      (r) => (r ? r.status : 'again'),
+      (e: PaygateError) => e.code,
+    )
+    t.equal(got, want, what)
+  }
+  t.equal(await gw.gw.engine.cutOff('cut', 'never-used', now), undefined, 'no transaction: nothing went out')
 })

@@ -46,6 +46,7 @@ t.test('validation table names the field', async (t) => {
     [{ dailyBudget: { usdc: true } }, 'dailyBudget.usdc'],
     [{ dailyBudget: { usdc: 1e13 } }, 'dailyBudget.usdc'],
     [{ dailyBudget: { usdc: 999999999999.999999 } }, 'dailyBudget.usdc'],
+    [{ dailyBudget: { usdc: 8999999999.999999 } }, 'dailyBudget.usdc'],
     [{ perCallLimit: { usdc: 1.2345678 } }, 'perCallLimit.usdc'],
     [{ perCallLimit: {} }, 'perCallLimit'],
     [{ allowedDomains: 'example.com' }, 'allowedDomains'],
@@ -98,5 +99,6 @@ t.test('view shows usage from stored payments', async (t) => {
 
 t.test('a large amount is exact as a decimal string', async (t) => {
   t.equal(mergePolicy(defaultPolicy(), { dailyBudget: { usdc: '999999999999.999999' } }, 'a').dailyBudget, '999999999999999999')
-  t.equal(mergePolicy(defaultPolicy(), { dailyBudget: { usdc: 9007199254 } }, 'a').dailyBudget, '9007199254000000', 'the largest number accepted')
+  t.equal(mergePolicy(defaultPolicy(), { dailyBudget: { usdc: 8589934591.999999 } }, 'a').dailyBudget, '8589934591999999', 'the largest number accepted, exact')
+  t.equal(mergePolicy(defaultPolicy(), { dailyBudget: { usdc: '8999999999.999999' } }, 'a').dailyBudget, '8999999999999999')
 })

@@ -165,3 +165,27 @@ t.test('an MPP session read that the agent delete overtakes is not cached', asyn
   await registry.createAgent('s1')
   t.equal(await fresh.valid('s1', 'https://svc.example'), null, 'the recreated agent has no session')
 })
+
+t.test('MPP sessions: a save during a read, or during a drop of the old token, is kept', async (t) => {
+  const sessions = new MppSessions(store, registry, systemClock)
+  const origin = 'https://svc2.example'
+  const key = `s2\x00${origin}`
+  const session = (token: string) => ({ token, expiresAt: Date.now() + 60_000, createdAt: Date.now(), transactionId: 'tx_y' })
+
+  const hold = holdNextRead(store.collection('mppSessions'), key)
+  const reading = sessions.valid('s2', origin)
+  await hold.reached
+  await sessions.save('s2', origin, session('bought-meanwhile'))
+  hold.release()
+  t.equal((await reading)?.token, 'bought-meanwhile', 'the slower read answers the newer session')
+  t.equal(sessions.cachedValid('s2', origin)?.token, 'bought-meanwhile', 'and does not cache "none" over it')
+
+  const holdDrop = holdNextRead(store.collection('mppSessions'), key)
+  const dropping = sessions.drop('s2', origin, 'bought-meanwhile')
+  await holdDrop.reached
+  const saving = sessions.save('s2', origin, session('renegotiated'))
+  holdDrop.release()
+  await Promise.all([dropping, saving])
+  t.equal((await sessions.valid('s2', origin))?.token, 'renegotiated', 'the drop of the refused token never removes the new one')
+  t.equal((await store.collection<{ token: string }>('mppSessions').get(key))?.token, 'renegotiated', 'in the store too')
+})

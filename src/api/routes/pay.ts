@@ -1,5 +1,5 @@
 import type { Readable } from 'node:stream'
-import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib'
+import { brotliDecompressSync, gunzipSync, inflateRawSync, inflateSync } from 'node:zlib'
 import type { PaymentEngine } from '../../engine/engine.js'
 import { canonicalJson, nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
@@ -16,7 +16,7 @@ const METHODS = new Set(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIO
  */
 const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length', 'accept-encoding'])
 /** Content codings a target may use unasked, decoded before `data` is parsed. */
-const DECODERS: Readonly<Record<string, (b: Buffer, o: { maxOutputLength: number }) => Buffer>> = { gzip: gunzipSync, 'x-gzip': gunzipSync, deflate: inflateSync, br: brotliDecompressSync }
+const DECODERS: Readonly<Record<string, (b: Buffer, o: { maxOutputLength: number }) => Buffer>> = { gzip: gunzipSync, 'x-gzip': gunzipSync, deflate: inflateEither, br: brotliDecompressSync }
 /** Headers undici refuses to send (it throws before connecting); those it also refuses and that are hop-by-hop are STRIPPED. */
 const REFUSED = new Set(['expect'])
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
@@ -121,6 +121,16 @@ async function readData(body: Readable): Promise<{ data: Buffer } | DataError> {
   }
 }
 
+/** `deflate` is zlib-wrapped by the standard, but some servers send raw DEFLATE under that name. */
+function inflateEither(b: Buffer, o: { maxOutputLength: number }): Buffer {
+  try {
+    return inflateSync(b, o)
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'Z_DATA_ERROR') throw e
+    return inflateRawSync(b, o)
+  }
+}
+
 /** The body with its content coding undone (up to MAX_DATA_BYTES decoded); an unknown coding is left as it is. */
 function decoded(read: { data: Buffer } | DataError, coding: string | string[] | undefined): { data: Buffer } | DataError {
   const decode = DECODERS[String(coding ?? '').trim().toLowerCase()]
@@ -155,7 +165,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
     // The engine accounted for this call (paid, served under a session, or sent an authorization
     // it still holds): the answer stands with `data: null` and why, and an idempotent replay
     // returns it, never paying again. A call that was only relayed is an error, free to retry.
-    const accounted = out.payment !== null || out.session !== undefined || ('held' in out && out.held !== undefined)
+    const accounted = out.payment !== null || out.session !== undefined || out.held !== undefined
     if ('error' in read && !accounted) throw new PaygateError('upstream_unreachable', read.detail, { reason: read.error })
     const data = 'data' in read ? parseData(read.data, out.response.headers['content-type']) : null
     const pay = out.payment

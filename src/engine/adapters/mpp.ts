@@ -115,6 +115,7 @@ export class MppAdapter implements ProtocolAdapter {
       fromWallet: stable,
       signsLocally: stable,
       sellsSession: offer.sessionSupported,
+      paidWhenServed: true,
       authorize: async ({ req, wallet, nowMs, txId }: AuthorizeInput): Promise<StoredAuthorization> => {
         const expiry = BigInt(Math.floor(nowMs / 1000) + AUTHORIZATION_SECONDS)
         if (stable && offer.payTo) {

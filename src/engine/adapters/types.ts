@@ -64,6 +64,11 @@ export interface Plan {
   signsLocally: boolean
   /** EIP-3009 plans whose nonce the offer fixes (MPP evm/charge: from the challenge): payable once, ever. */
   fixedNonce?: Hex
+  /**
+   * The payment is made before the served answer (mpp/1.0: the payment endpoint's 2xx), so that
+   * answer's status says nothing about it; else an answer of 400 or more is checked on chain.
+   */
+  paidWhenServed?: boolean
   /** MPP: the service sells a session for later calls (one negotiation per agent and service). */
   sellsSession?: boolean
   authorize(input: AuthorizeInput): Promise<StoredAuthorization>
