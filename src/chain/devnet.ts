@@ -124,6 +124,13 @@ export class DevnetUnavailableError extends Error {
   override readonly name = 'DevnetUnavailableError'
   /** EIP-1193 "disconnected": viem maps it to ProviderDisconnectedError, which it does not retry. */
   readonly code = 4900
+  constructor(
+    message: string,
+    /** Anvil left the call unanswered past its deadline (it may still run it). */
+    readonly timedOut = false,
+  ) {
+    super(message)
+  }
 }
 
 export interface DevnetStats {
@@ -281,7 +288,7 @@ class IpcClient {
     for (const [id, w] of this.waiting) {
       if (now < w.deadline) continue
       this.waiting.delete(id)
-      w.reject(new DevnetUnavailableError(`embedded chain: anvil did not answer ${w.method} within ${w.ms / 1000} s`))
+      w.reject(new DevnetUnavailableError(`embedded chain: anvil did not answer ${w.method} within ${w.ms / 1000} s`, true))
     }
   }
 
@@ -664,10 +671,20 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       tailEntries += entries
     }
 
+    let dead: DevnetUnavailableError | null = null // anvil exited or stalled under us
     // ---- serial queue for everything that changes chain state ----
     let tail: Promise<unknown> = Promise.resolve()
     const serial = <T>(fn: () => Promise<T>): Promise<T> => {
-      const p = tail.then(fn, fn)
+      const p = tail.then(fn, fn).catch((e: unknown) => {
+        // A state change anvil left unanswered may still run when anvil wakes, unjournalled: the
+        // chain and its journal could differ from then on, so nothing more is sent to it.
+        if (e instanceof DevnetUnavailableError && e.timedOut && !dead) {
+          dead = new DevnetUnavailableError(`embedded chain: anvil stalled on a state change (${e.message}); restart Paygate`)
+          log('anvil stalled on a state change; the embedded chain refuses every call until Paygate restarts', { error: e.message }, 'error')
+          child.ipc.fail(dead, true)
+        }
+        throw e
+      })
       tail = p.catch(() => {})
       return p
     }
@@ -745,7 +762,6 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
 
     // ---- mining ----
     let automine = true
-    let dead: DevnetUnavailableError | null = null // anvil exited under us
     let mineTimer: NodeJS.Timeout | undefined
     let lastMineAt = 0
     let lastWriteAt = Date.now() // last state-changing request received

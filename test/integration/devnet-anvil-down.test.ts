@@ -83,3 +83,16 @@ t.test('an anvil killed under Paygate is logged, and waiting and new calls fail 
   t.match(body, { id: 7, error: { message: /anvil exited unexpectedly/ } })
   t.ok(Date.now() - t0 < 500)
 })
+
+t.test('a state change a frozen anvil leaves unanswered stops the chain: the journal could no longer match it', async (t) => {
+  const { chain, logs } = await open(t, { ipcTimeoutMs: 1000 })
+  await freeze(chain.childPid)
+  const r = await settle(chain.request({ method: 'evm_mine' }))
+  t.type(r.error, DevnetUnavailableError)
+  process.kill(chain.childPid, 'SIGCONT')
+  // anvil may now run the unjournalled mine; nothing more is sent to it.
+  const after = await settle(chain.request({ method: 'eth_blockNumber' }))
+  t.match((after.error as Error)?.message, /anvil stalled on a state change .*restart Paygate/, 'every later call is refused')
+  t.ok(after.ms < 500, 'at once')
+  t.ok(logs.some((l) => l.msg.startsWith('anvil stalled on a state change')), 'logged')
+})
