@@ -74,16 +74,18 @@ export function viemChain(chainId: number, name: string, rpcUrl: string): ViemCh
   }
 }
 
+/** The node did not answer (unreachable, timed out, socket closed, an HTTP error, a dead or stalled embedded anvil). */
+const isUnanswered = (e: unknown): boolean =>
+  e instanceof DevnetUnavailableError ||
+  (e instanceof BaseError && !!e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError || x instanceof DevnetUnavailableError))
+
 /**
  * A read the node did not answer (unreachable, timed out, socket closed, an HTTP error such
  * as a provider refusing its key) is 503 `unavailable`, the cause kept for the log; any
  * other error (a revert, a bad answer) is thrown as it is.
  */
 function unanswered(e: unknown): never {
-  const transport =
-    e instanceof DevnetUnavailableError ||
-    (e instanceof BaseError && e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError || x instanceof DevnetUnavailableError))
-  if (transport) throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
+  if (isUnanswered(e)) throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
   throw e
 }
 
@@ -266,8 +268,10 @@ export async function readTokenDomain(client: PublicClient, token: Address, chai
   let reported: readonly [Hex, string, string, bigint, Address, Hex, readonly bigint[]] | null = null
   try {
     reported = await client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'eip712Domain' })
-  } catch {
+  } catch (e) {
     // No EIP-5267 (a revert or an unreadable answer): the token's name() and version() say it.
+    // A node that does not answer says nothing about the token: that stops the start as it is.
+    if (isUnanswered(e)) throw e
   }
   if (reported) {
     const [fields, name, version, domainChainId, verifyingContract] = reported
@@ -286,6 +290,7 @@ export async function readTokenDomain(client: PublicClient, token: Address, chai
     ])
     return { name, version }
   } catch (e) {
+    if (isUnanswered(e)) throw e
     throw new PaygateError(
       'invalid_config',
       `${where} answers neither eip712Domain() nor name() and version() on chain ${chainId}, so its EIP-712 domain is unknown: is it an EIP-3009 token? (${firstLine(e)})`,

@@ -85,7 +85,10 @@ export class LedgerWriter {
    * record after it, until fees come down; a signed record's fee cannot change (its hash would).
    */
   async refreshFeesIfDue(): Promise<void> {
-    if (!this.chain.embedded && Date.now() - this.feesAt >= FEE_REFRESH_MS) await this.refreshFees()
+    if (this.chain.embedded || Date.now() - this.feesAt < FEE_REFRESH_MS) return
+    // Due again in a minute also when this fails: the last fees stay, and each pass does not wait on a failing node.
+    this.feesAt = Date.now()
+    await this.refreshFees()
   }
 
   sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {

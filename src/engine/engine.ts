@@ -19,13 +19,13 @@ import { SESSION_HEADER } from '../protocols/mpp.js'
 import type { HttpAnswer, PayableChain, ProtocolName, Settlement } from '../protocols/types.js'
 import type { Clock } from '../util/clock.js'
 import { formatUnits, toUsdcNumber } from '../util/money.js'
-import { collectUpTo } from '../util/collect.js'
+import { collectUpTo, headThen } from '../util/collect.js'
 import { KeyedMutex } from '../util/mutex.js'
 import type { Wallets } from '../wallet/wallets.js'
 import type { MppAdapter } from './adapters/mpp.js'
 import { Balances } from './balances.js'
 import type { Delivery, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './adapters/types.js'
-import { readBody, UpstreamError, type Upstream, type UpstreamResponse } from './upstream.js'
+import { readBody, unreachable, type Upstream, type UpstreamResponse } from './upstream.js'
 
 export type { PayRequest } from './adapters/types.js'
 
@@ -107,15 +107,11 @@ async function read402(res: UpstreamResponse): Promise<{ answer: HttpAnswer; cut
   return {
     answer: { status: 402, headers: res.headers, body: rest ? Buffer.alloc(0) : head },
     cut: rest !== null,
-    whole: () => ({ status: 402, headers: res.headers, body: rest ? Readable.from(joined(head, rest)) : Readable.from([head]) }),
+    whole: () => ({ status: 402, headers: res.headers, body: rest ? headThen(head, rest) : Readable.from([head]) }),
     drop: () => rest?.destroy(),
   }
 }
 
-async function* joined(head: Buffer, rest: Readable): AsyncGenerator<Buffer> {
-  yield head
-  for await (const c of rest) yield c as Buffer
-}
 const lostAnswer = (): UpstreamResponse => ({ status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) })
 /** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
 const sessionRefused = (status: number): boolean => status === 401 || status === 402
@@ -321,9 +317,7 @@ export class PaymentEngine {
   }
 
   private sendOrUnreachable(req: PayRequest, extra: Record<string, string>): Promise<UpstreamResponse> {
-    return this.d.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...extra }, body: req.body }).catch((e: unknown) => {
-      throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
-    })
+    return this.d.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...extra }, body: req.body }).catch(unreachable)
   }
 
   private payPlan(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {

@@ -102,6 +102,11 @@ class Handler implements Dispatcher.DispatchHandler {
 
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
 
+/** An unpaid send's failure as the agent's 502 (anything but a transport failure is thrown as it is). */
+export function unreachable(e: unknown): never {
+  throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
+}
+
 export class Upstream {
   readonly dispatcher: Agent
   /** Upstream TLS trust, shared with the proxy's own connections; undefined: the system roots. */

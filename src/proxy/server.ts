@@ -6,10 +6,10 @@ import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
 import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
-import { UpstreamError, type Upstream } from '../engine/upstream.js'
+import { unreachable, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { infoLine, type Logger } from '../log/index.js'
-import { collectUpTo } from '../util/collect.js'
+import { collectUpTo, headThen } from '../util/collect.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
@@ -105,18 +105,10 @@ function onward(req: IncomingMessage, head: Buffer): Readable {
   return out
 }
 
-/** An upstream send whose failure is the agent's 502 (as the engine's own sends). */
-function unreachable(e: unknown): never {
-  throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
-}
-
-/** The bytes already read, then the rest of the stream. */
-async function* joined(head: Buffer, rest: Readable): AsyncGenerator<Buffer> {
-  yield head
-  yield* rest
-}
-
-/** Thrown out of an idempotent run whose answer cannot be kept and cost nothing: nothing is stored (not a PaygateError). */
+/**
+ * Thrown out of an idempotent run whose answer cannot be kept and cost nothing: no result is
+ * stored (not a PaygateError), so the key's marker is deleted and the same key asks again.
+ */
 class NotKept extends Error {}
 
 /**
@@ -280,11 +272,11 @@ export class ProxyServer implements FastHost {
     this.server = createNetServer({ noDelay: true, allowHalfOpen: true }, (socket) => this.startFast(socket, null))
     this.http = createServer({ keepAliveTimeout: this.idleTimeoutMs })
     this.inner = createServer({ keepAliveTimeout: this.idleTimeoutMs })
-    this.http.on('request', (req, res) => void this.onRequest(req, res))
-    this.http.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => void this.onConnect(req.url ?? '', req.headers, socket, head))
-    this.http.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, null))
-    this.inner.on('request', (req, res) => void this.onTunnelRequest(req, res))
-    this.inner.on('upgrade', (req, socket: Socket, head: Buffer) => void this.onUpgrade(req, socket, head, this.tunnels.get(req.socket) ?? null))
+    this.http.on('request', (req, res) => this.guard(this.onRequest(req, res), req.socket))
+    this.http.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.onConnect(req.url ?? '', req.headers, socket, head), socket))
+    this.http.on('upgrade', (req, socket: Socket, head: Buffer) => this.guard(this.onUpgrade(req, socket, head, null), socket))
+    this.inner.on('request', (req, res) => this.guard(this.onTunnelRequest(req, res), req.socket))
+    this.inner.on('upgrade', (req, socket: Socket, head: Buffer) => this.guard(this.onUpgrade(req, socket, head, this.tunnels.get(req.socket) ?? null), socket))
     this.ws.on('error', (err, _req, target) => {
       this.d.log.warn({ err: err.message }, 'websocket proxy error')
       if (!target || !('destroy' in target)) return
@@ -293,6 +285,17 @@ export class ProxyServer implements FastHost {
       const before = this.upgradeSent.get(socket)
       if (before !== undefined && socket.bytesWritten === before && socket.writable) socket.end(rawAnswer(new PaygateError('upstream_unreachable', `the target could not be reached: ${err.message}`)))
       else socket.destroy()
+    })
+  }
+
+  /**
+   * A handler's failure that escaped its own error handling (a store read in the identity
+   * check, say) is logged and its connection closed: never an unhandled rejection.
+   */
+  private guard(p: Promise<void>, socket: Duplex): void {
+    p.catch((e: unknown) => {
+      this.d.log.error({ err: e }, 'proxy handler failed')
+      socket.destroy()
     })
   }
 
@@ -459,13 +462,13 @@ export class ProxyServer implements FastHost {
     const paymentOf = (out: PayOutcome): Stored['payment'] =>
       out.payment ? { txHash: out.payment.txHash, amount: out.payment.amount.toString(), protocol: out.payment.protocol, rail: out.payment.rail } : null
     /** A paid answer whose body is not kept: the payment, and an error body saying why. */
-    const withoutBody = (out: PayOutcome, code: string, detail: string): Stored => {
-      const body = Buffer.from(JSON.stringify({ error: code, detail, status: out.response.status, txHash: out.payment!.txHash }))
+    const withoutBody = (payment: NonNullable<Stored['payment']>, status: number | null, code: string, detail: string): Stored => {
+      const body = Buffer.from(JSON.stringify({ error: code, detail, status, txHash: payment.txHash }))
       return {
         status: 502,
         headers: { 'content-type': 'application/json', 'content-length': String(body.length), 'x-paygate-error': code },
         body: body.toString('base64'),
-        payment: paymentOf(out),
+        payment,
       }
     }
     // This call's own answer, when its body was too large to keep: it streams through.
@@ -479,13 +482,8 @@ export class ProxyServer implements FastHost {
       const recover = async (startedAt: number): Promise<(Stored & { unpaid?: string }) | undefined> => {
         const rec = await this.d.engine.cutOff(agentId, key, startedAt)
         if (!rec) return undefined
-        const body = Buffer.from(JSON.stringify({ error: 'upstream_body_lost', detail: "Paygate restarted before this request's answer was returned; the payment stands", status: rec.upstreamStatus ?? null, txHash: rec.txHash }))
-        return {
-          status: 502,
-          headers: { 'content-type': 'application/json', 'content-length': String(body.length), 'x-paygate-error': 'upstream_body_lost' },
-          body: body.toString('base64'),
-          payment: { txHash: rec.txHash!, amount: rec.amount, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin' },
-        }
+        const payment = { txHash: rec.txHash!, amount: rec.amount, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin' }
+        return withoutBody(payment, rec.upstreamStatus ?? null, 'upstream_body_lost', "Paygate restarted before this request's answer was returned; the payment stands")
       }
       stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, digest, async () => {
         const out = await this.d.engine.pay({ ...p, idempotencyKey: key })
@@ -496,13 +494,14 @@ export class ProxyServer implements FastHost {
           // Nothing paid: not stored (as any unreachable target), so the same key asks again.
           if (!out.payment) throw new PaygateError('upstream_unreachable', `the target's answer broke off before its end: ${(e as Error).message}`)
           this.d.log.warn({ err: (e as Error).message, agentId, txHash: out.payment.txHash }, 'a paid answer broke off while it was read')
-          return withoutBody(out, 'upstream_unreachable', `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`)
+          return withoutBody(paymentOf(out)!, out.response.status, 'upstream_body_lost', `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`)
         }
         if (read.rest) {
-          live.out = { ...out, response: { ...out.response, body: Readable.from(joined(read.head, read.rest)) } }
+          live.out = { ...out, response: { ...out.response, body: headThen(read.head, read.rest) } }
           if (!out.payment) throw new NotKept()
           return withoutBody(
-            out,
+            paymentOf(out)!,
+            out.response.status,
             'upstream_body_too_large',
             `the target's ${out.response.status} answer to this paid request was delivered once, to the first call; its body exceeds the ${MAX_IDEMPOTENT_BODY} bytes kept for replays`,
           )
@@ -574,12 +573,12 @@ export class ProxyServer implements FastHost {
     this.hold(conn.socket)
     const headers = { ...head.map } as IncomingHttpHeaders
     if (head.method === 'CONNECT') {
-      void this.onConnect(head.target, headers, conn.socket, rest)
+      this.guard(this.onConnect(head.target, headers, conn.socket, rest), conn.socket)
       return
     }
     // An upgrade: http-proxy reads only these fields of the request.
     const req = { method: head.method, url: head.target, headers, httpVersion: '1.1', httpVersionMajor: 1, httpVersionMinor: 1, rawHeaders: head.raw } as unknown as IncomingMessage
-    void this.onUpgrade(req, conn.socket, rest, conn.tunnel)
+    this.guard(this.onUpgrade(req, conn.socket, rest, conn.tunnel), conn.socket)
   }
 
   /** One request on the fast path: identity, the engine's lookups, the first send on the proxy's own connection, then relay or pay. */
@@ -685,6 +684,13 @@ export class ProxyServer implements FastHost {
         if (head.length) up.write(head)
         socket.pipe(up).pipe(socket)
         socket.resume()
+        // Idle both ways for the limit: the tunnel closes, as an intercepted one does.
+        const idle = (): void => {
+          socket.destroy()
+          up.destroy()
+        }
+        socket.setTimeout(this.idleTimeoutMs, idle)
+        up.setTimeout(this.idleTimeoutMs, idle)
       })
       up.on('error', (e) => {
         // Once the tunnel is up, the agent's bytes are the target's: only closing can say it broke.

@@ -1,4 +1,4 @@
-import type { Readable } from 'node:stream'
+import { Readable } from 'node:stream'
 
 /** Why a stream closed before its end: its error, or the early close itself. */
 const closedEarly = (stream: Readable): Error => stream.errored ?? new Error('the stream was closed before it ended')
@@ -97,4 +97,21 @@ export function collectUpTo(stream: Readable, max: number): Promise<{ head: Buff
     stream.on('error', onError)
     stream.on('close', onClose)
   })
+}
+
+/**
+ * The bytes already read (`head`, from collectUpTo), then the rest of the stream, as one
+ * stream; destroying it early also destroys `rest` (an upstream body left paused).
+ */
+export function headThen(head: Buffer, rest: Readable): Readable {
+  const out = Readable.from(
+    (async function* (): AsyncGenerator<Buffer> {
+      yield head
+      yield* rest
+    })(),
+  )
+  out.once('close', () => {
+    if (!rest.destroyed) rest.destroy()
+  })
+  return out
 }

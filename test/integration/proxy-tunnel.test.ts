@@ -249,7 +249,7 @@ t.test('idle tunnels are closed: before their first byte and between requests, a
     log: createLogger('silent'),
     maxBufferBytes: 1024 * 1024,
     defaultAgent: null,
-    passThrough: [],
+    passThrough: ['localhost'],
     idleTimeoutMs: IDLE,
   })
   await new Promise<void>((r) => idle.server.listen(0, '127.0.0.1', r))
@@ -277,6 +277,14 @@ t.test('idle tunnels are closed: before their first byte and between requests, a
     ms = await timed(raw)
     t.ok(ms >= IDLE * 0.8, `${tls ? 'TLS' : 'plain'} tunnel idle after a request: closed after ${ms} ms`)
   }
+  // A pass-through tunnel (no interception): the same limit.
+  const pt = connect(proxyPort, '127.0.0.1')
+  t.teardown(() => pt.destroy())
+  const passed = new Raw(pt)
+  passed.send(`CONNECT localhost:${plainPort} HTTP/1.1\r\nHost: localhost:${plainPort}\r\nProxy-Authorization: ${auth}\r\n\r\n`)
+  t.equal((await passed.answer('CONNECT', true)).status, 200, 'a pass-through tunnel opens')
+  ms = await timed(passed)
+  t.ok(ms >= IDLE * 0.8, `a silent pass-through tunnel closed after ${ms} ms`)
   // A plain connection to the proxy port: the same limit.
   const s = connect(proxyPort, '127.0.0.1')
   t.teardown(() => s.destroy())

@@ -3,7 +3,7 @@ import { execFile } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
 import { rmSync, writeFileSync } from 'node:fs'
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http'
-import { createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
+import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
 import { join } from 'node:path'
 import { startTestGateway, tempDir } from '../helpers/gateway.js'
 
@@ -121,10 +121,20 @@ t.test('a streamed upload to an unreachable target is a 502, answered before the
   )
   t.ok(lines.some((l) => l.includes('"msg":"proxy request"') && l.includes('"status":502') && l.includes('"error":"upstream_unreachable"')), 'the access line says 502 upstream_unreachable')
 
-  // The connection stays in step: the next request on it is served.
+  // The connection stays in step: the rest of the upload is read and dropped, and the next
+  // request on it is served. (A raw socket: curl itself may close after an early answer.)
   got.length = 0
-  const two = await curl(['-o', '/dev/null', '-w', '%{http_code} %{num_connects}\n', '-x', proxyArg, '-H', 'Expect:', '--data-binary', `@${big.path}`, `http://${closed}/upload`, '--next', '-o', '/dev/null', '-w', '%{http_code} %{num_connects}\n', '-x', proxyArg, `http://${target}/after`])
-  t.equal(two.code, 0, two.stderr)
-  t.equal(two.stdout, '502 1\n200 0\n', 'the 502, then the next answer on the same connection')
+  const auth = `Basic ${Buffer.from(`uploader:${key}`).toString('base64')}`
+  const body = Buffer.alloc(2 * 1024 * 1024, 'u')
+  const sock = netConnect(Number(new URL(gw.gw.proxyUrl).port), '127.0.0.1')
+  t.teardown(() => sock.destroy())
+  let answers = ''
+  sock.on('data', (c: Buffer) => (answers += c.toString('latin1')))
+  sock.write(`POST http://${closed}/upload HTTP/1.1\r\nHost: ${closed}\r\nProxy-Authorization: ${auth}\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n`)
+  sock.write(body)
+  sock.write(`GET http://${target}/after HTTP/1.1\r\nHost: ${target}\r\nProxy-Authorization: ${auth}\r\n\r\n`)
+  const until = Date.now() + 10_000
+  while (Date.now() < until && !/HTTP\/1\.1 200[\s\S]*\r\n\r\n\{"length":0/.test(answers)) await new Promise((r) => setTimeout(r, 20))
+  t.match(answers, /^HTTP\/1\.1 502 [\s\S]*HTTP\/1\.1 200 /, 'the 502, then the next answer on the same connection')
   t.equal(got[0]?.url, '/after')
 })

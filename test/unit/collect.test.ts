@@ -1,6 +1,6 @@
 import t from 'tap'
 import { PassThrough, Readable } from 'node:stream'
-import { collect } from '../../src/util/collect.js'
+import { collect, headThen } from '../../src/util/collect.js'
 
 const tooLarge = (): Error => new Error('too large')
 
@@ -49,4 +49,18 @@ t.test('a stream already ended or destroyed answers at once', async (t) => {
   const destroyed = new PassThrough()
   destroyed.destroy(new Error('gone'))
   await t.rejects(collect(destroyed, 100, tooLarge), /gone/)
+})
+
+t.test('headThen: the bytes read, then the rest; destroyed early, it destroys the rest too', async (t) => {
+  const rest = new PassThrough()
+  rest.end(Buffer.from(' world'))
+  const chunks: Buffer[] = []
+  for await (const c of headThen(Buffer.from('hello'), rest)) chunks.push(c as Buffer)
+  t.equal(Buffer.concat(chunks).toString(), 'hello world')
+
+  const stalled = new PassThrough() // a target that sends nothing more
+  const s = headThen(Buffer.from('head'), stalled)
+  s.destroy()
+  await new Promise((r) => setImmediate(r))
+  t.ok(stalled.destroyed, 'the upstream body is released')
 })
