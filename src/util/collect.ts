@@ -5,57 +5,21 @@ const closedEarly = (stream: Readable): Error => stream.errored ?? new Error('th
 
 /**
  * Read a stream into one buffer, failing with `tooLarge()` (and destroying the stream) past
- * `max` bytes. Listens for data and end directly: an async iterator costs several promise
- * hops per body, and every paid call reads three small bodies on its critical path.
+ * `max` bytes.
  */
-export function collect(stream: Readable, max: number, tooLarge: () => Error): Promise<Buffer> {
-  if (stream.readableEnded) return Promise.resolve(Buffer.alloc(0))
-  if (stream.destroyed) {
-    stream.once('error', () => {}) // its error may still be on its way: it is reported here
-    return Promise.reject(closedEarly(stream))
-  }
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = []
-    let size = 0
-    const stop = (): void => {
-      stream.off('data', onData)
-      stream.off('end', onEnd)
-      stream.off('error', onError)
-      stream.off('close', onClose)
-    }
-    const onData = (c: Buffer): void => {
-      size += c.length
-      if (size <= max) {
-        chunks.push(c)
-        return
-      }
-      stop()
-      stream.destroy()
-      reject(tooLarge())
-    }
-    const onEnd = (): void => {
-      stop()
-      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
-    }
-    const onError = (e: Error): void => {
-      stop()
-      reject(e)
-    }
-    const onClose = (): void => {
-      stop()
-      reject(closedEarly(stream))
-    }
-    stream.on('data', onData)
-    stream.on('end', onEnd)
-    stream.on('error', onError)
-    stream.on('close', onClose)
-  })
+export async function collect(stream: Readable, max: number, tooLarge: () => Error): Promise<Buffer> {
+  const { head, rest } = await collectUpTo(stream, max)
+  if (!rest) return head
+  rest.destroy()
+  throw tooLarge()
 }
 
 /**
  * Read a stream up to about `max` bytes without giving up the rest: all of it (`rest` null),
  * or the chunks read until past `max` and the paused stream (`rest`) to be read on, e.g.
- * to pass a large answer through after looking at its start.
+ * to pass a large answer through after looking at its start. Listens for data and end
+ * directly: an async iterator costs several promise hops per body, and every paid call reads
+ * three small bodies on its critical path.
  */
 export function collectUpTo(stream: Readable, max: number): Promise<{ head: Buffer; rest: Readable | null }> {
   if (stream.readableEnded) return Promise.resolve({ head: Buffer.alloc(0), rest: null })
