@@ -1,5 +1,15 @@
 import { readdirSync, readFileSync } from 'node:fs'
 
+/** Whether a process exists (signal 0 reaches it). */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
 /**
  * SIGSTOP a process, then wait until every thread of it has stopped: a group stop is not instant
  * on a busy box, and a thread still running may answer one more request.

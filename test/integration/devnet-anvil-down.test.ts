@@ -5,18 +5,10 @@
 import t, { type Test } from 'tap'
 import { rmSync } from 'node:fs'
 import { DevnetUnavailableError, startDevnet, type Devnet, type DevnetOptions } from '../../src/chain/devnet.js'
-import { freeze } from '../helpers/freeze.js'
+import { alive, freeze } from '../helpers/freeze.js'
 import { tempDir } from '../helpers/gateway.js'
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
 async function open(t: Test, opts: Partial<DevnetOptions> = {}): Promise<{ chain: Devnet; logs: { msg: string; fields?: any }[] }> {
   const dir = tempDir('paygate-devnet-down-')

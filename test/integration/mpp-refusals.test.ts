@@ -1,5 +1,5 @@
 import t from 'tap'
-import type { IncomingMessage } from 'node:http'
+import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Challenge, Errors } from 'mppx'
 import { Mppx, evm } from 'mppx/server'
 import { getAddress, type Hex } from 'viem'
@@ -27,6 +27,19 @@ async function agent(policy?: object): Promise<{ id: string; wallet: Hex }> {
   if (policy) await gw.api('PUT', `/v1/policies/${id}`, { body: policy })
   return { id, wallet }
 }
+/** A 402 with one evm/charge challenge of 0.01 USDC (the same challenge id for the same realm, expiry and recipient). */
+function challenge(res: ServerResponse, realm: string, expires: string, recipient: Hex): void {
+  const c = Challenge.from({
+    secretKey: 'x'.repeat(40),
+    realm,
+    method: 'evm',
+    intent: 'charge',
+    expires,
+    request: { amount: '10000', currency: info.token, recipient, methodDetails: { chainId: info.chainId, credentialTypes: ['authorization'] } },
+  } as never)
+  res.writeHead(402, { 'www-authenticate': Challenge.serialize(c), 'content-type': 'application/problem+json' })
+  res.end(JSON.stringify({ type: 'https://paymentauth.org/problems/payment-required', status: 402 }))
+}
 const pay = (agentId: string, endpoint: string, extra: object = {}) => gw.api('POST', '/v1/pay', { body: { agentId, endpoint, method: 'GET', ...extra } })
 const txsOf = async (agentId: string) => (await gw.api('GET', `/v1/transactions?agentId=${agentId}`)).body.transactions as { status: string; txHash: string | null }[]
 
@@ -42,16 +55,7 @@ t.test('a credential refused with a 400 problem is not a payment; payment-insuff
       res.end(JSON.stringify({ type: `https://paymentauth.org/problems/${type}`, title: type, status, detail: `refused: ${type}` }))
       return
     }
-    const c = Challenge.from({
-      secretKey: 'x'.repeat(40),
-      realm: 'raw.test',
-      method: 'evm',
-      intent: 'charge',
-      expires: new Date(Date.now() + 300_000).toISOString(),
-      request: { amount: '10000', currency: info.token, recipient, methodDetails: { chainId: info.chainId, credentialTypes: ['authorization'] } },
-    } as never)
-    res.writeHead(402, { 'www-authenticate': Challenge.serialize(c), 'content-type': 'application/problem+json' })
-    res.end(JSON.stringify({ type: 'https://paymentauth.org/problems/payment-required', status: 402 }))
+    challenge(res, 'raw.test', new Date(Date.now() + 300_000).toISOString(), recipient)
   })
   t.teardown(() => l.close())
   const a = await agent({ protocolPreference: 'mpp' })
@@ -177,16 +181,7 @@ t.test('a repeated challenge whose first payment is still open (held, unsettled)
       res.writeHead(404, { 'content-type': 'application/json' })
       return res.end('{"error":"gone"}')
     }
-    const c = Challenge.from({
-      secretKey: 'y'.repeat(40),
-      realm: 'held.test',
-      method: 'evm',
-      intent: 'charge',
-      expires,
-      request: { amount: '10000', currency: info.token, recipient, methodDetails: { chainId: info.chainId, credentialTypes: ['authorization'] } },
-    } as never)
-    res.writeHead(402, { 'www-authenticate': Challenge.serialize(c), 'content-type': 'application/problem+json' })
-    res.end(JSON.stringify({ type: 'https://paymentauth.org/problems/payment-required', status: 402 }))
+    challenge(res, 'held.test', expires, recipient)
   })
   t.teardown(() => l.close())
   const a = await agent({ protocolPreference: 'mpp' })

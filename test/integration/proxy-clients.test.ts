@@ -1,14 +1,14 @@
 import t, { type Test } from 'tap'
 import { execFile } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
-import { connect as netConnect, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
-import { createServer as createTlsServer, rootCertificates } from 'node:tls'
+import { rootCertificates } from 'node:tls'
 import { promisify } from 'node:util'
 import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { CertificateAuthority } from '../../src/proxy/ca.js'
 import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
+import { tlsFront } from '../helpers/tls-front.js'
 import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
 import { runCli } from '../helpers/process.js'
 
@@ -37,18 +37,11 @@ t.teardown(async () => {
   for (const c of closers.reverse()) await c()
 })
 
-/** A TLS front for a plain HTTP merchant, with a certificate from the targets' CA. */
-async function tlsFront(m: Merchant): Promise<string> {
-  const target = Number(new URL(m.url).port)
-  const srv = createTlsServer(upstreamCa.leafFor('127.0.0.1'), (s) => {
-    const up = netConnect(target, '127.0.0.1')
-    s.pipe(up).pipe(s)
-    up.on('error', () => s.destroy())
-    s.on('error', () => up.destroy())
-  })
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
-  closers.push(() => new Promise((r) => srv.close(r)))
-  return `https://127.0.0.1:${(srv.address() as AddressInfo).port}`
+/** The merchant behind a TLS front with a certificate from the targets' CA. */
+async function httpsOf(m: Merchant): Promise<string> {
+  const front = await tlsFront(upstreamCa, m.url)
+  closers.push(front.close)
+  return front.url
 }
 
 interface Shop {
@@ -63,7 +56,7 @@ async function merchant(kind: 'v1' | 'v2'): Promise<Shop> {
   const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: 5_000n }
   const m = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
   closers.push(() => m.close())
-  return { kind, https: await tlsFront(m), payTo }
+  return { kind, https: await httpsOf(m), payTo }
 }
 
 const agentKey = (await gw.api('POST', '/v1/agents', { body: { agentId: 'cl' } })).body.apiKey as string

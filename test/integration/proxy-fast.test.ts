@@ -7,6 +7,7 @@ import { BodyFramer } from '../../src/proxy/http1.js'
 import type { FastConn } from '../../src/proxy/fast.js'
 import { writeAnswer } from '../../src/proxy/relay.js'
 import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { listenForTest } from '../helpers/listen.js'
 
 /**
  * The proxy port's fast path, byte for byte with a raw client: pipelining, framings, the
@@ -22,20 +23,7 @@ t.teardown(async () => {
 await gw.api('POST', '/v1/agents', { body: { agentId: 'sidecar' } })
 const proxy = new URL(gw.gw.proxyUrl)
 
-const listen = async (s: Server | ReturnType<typeof createNetServer>): Promise<string> => {
-  // The gateway keeps idle connections to targets: cut them, or close() would wait them out.
-  const open = new Set<Socket>()
-  s.on('connection', (c: Socket) => {
-    open.add(c)
-    c.once('close', () => open.delete(c))
-  })
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
-  t.teardown(() => {
-    for (const c of open) c.destroy()
-    return new Promise<void>((r) => s.close(() => r()))
-  })
-  return `127.0.0.1:${(s.address() as AddressInfo).port}`
-}
+const listen = async (s: Server | ReturnType<typeof createNetServer>): Promise<string> => `127.0.0.1:${await listenForTest(t, s)}`
 
 /** Send `text` on one new proxy connection and read until `done` says the answers are all in (or the connection closes). */
 function exchange(text: string, done: (got: string) => boolean): Promise<{ got: string; closed: boolean }> {

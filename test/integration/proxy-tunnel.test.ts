@@ -13,6 +13,7 @@ import { BodyFramer, headEnd, parseResponseHead, responseFraming } from '../../s
 import { ProxyServer } from '../../src/proxy/server.js'
 import { systemClock } from '../../src/util/clock.js'
 import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { listenForTest } from '../helpers/listen.js'
 
 /**
  * Requests inside CONNECT tunnels, with raw clients: absolute-form targets (RFC 9112
@@ -27,20 +28,7 @@ const gw = await startTestGateway({ env: { PAYGATE_UPSTREAM_CA_FILE: upstreamCaF
 t.teardown(() => gw.close())
 const proxy = new URL(gw.gw.proxyUrl)
 
-const listen = async (s: Server): Promise<number> => {
-  // The gateway keeps idle connections to targets: cut them, or close() would wait them out.
-  const open = new Set<Socket>()
-  s.on('connection', (c: Socket) => {
-    open.add(c)
-    c.once('close', () => open.delete(c))
-  })
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
-  t.teardown(() => {
-    for (const c of open) c.destroy()
-    return new Promise<void>((r) => s.close(() => r()))
-  })
-  return (s.address() as AddressInfo).port
-}
+const listen = (s: Server): Promise<number> => listenForTest(t, s)
 
 /** What the targets saw: method and path per request. */
 const seen: string[] = []

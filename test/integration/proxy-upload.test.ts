@@ -3,9 +3,10 @@ import { execFile } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
 import { rmSync, writeFileSync } from 'node:fs'
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http'
-import { connect as netConnect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
+import { connect as netConnect, createServer as createNetServer, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { listenForTest } from '../helpers/listen.js'
 
 /**
  * Uploads through the proxy with curl, as agents send them: `Expect: 100-continue` (curl's
@@ -21,19 +22,7 @@ t.teardown(async () => {
 const key = (await gw.api('POST', '/v1/agents', { body: { agentId: 'uploader' } })).body.apiKey as string
 const proxyArg = `http://uploader:${key}@127.0.0.1:${new URL(gw.gw.proxyUrl).port}`
 
-const listen = async (s: Server): Promise<string> => {
-  const open = new Set<Socket>()
-  s.on('connection', (c: Socket) => {
-    open.add(c)
-    c.once('close', () => open.delete(c))
-  })
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
-  t.teardown(() => {
-    for (const c of open) c.destroy()
-    return new Promise<void>((r) => s.close(() => r()))
-  })
-  return `127.0.0.1:${(s.address() as AddressInfo).port}`
-}
+const listen = async (s: Server): Promise<string> => `127.0.0.1:${await listenForTest(t, s)}`
 
 /** What the target received, per request. */
 const got: { url: string; headers: IncomingHttpHeaders; length: number; sha: string }[] = []

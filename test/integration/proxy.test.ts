@@ -2,15 +2,15 @@ import t from 'tap'
 import { execFile } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { createServer as createHttpServer, request as httpRequest, type IncomingHttpHeaders } from 'node:http'
-import { connect as netConnect, type AddressInfo } from 'node:net'
+import { type AddressInfo } from 'node:net'
 import { join } from 'node:path'
-import { createServer as createTlsServer } from 'node:tls'
 import { promisify } from 'node:util'
 import { ProxyAgent, request } from 'undici'
 import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { CertificateAuthority } from '../../src/proxy/ca.js'
 import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
+import { tlsFront } from '../helpers/tls-front.js'
 import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
 const run = promisify(execFile)
@@ -47,18 +47,10 @@ t.teardown(async () => {
 })
 
 /** A TLS front for a plain HTTP merchant, with a certificate from the targets' CA. */
-async function tlsFront(m: Merchant): Promise<string> {
-  const target = Number(new URL(m.url).port)
-  const leaf = upstreamCa.leafFor('127.0.0.1')
-  const srv = createTlsServer({ cert: leaf.cert, key: leaf.key }, (s) => {
-    const up = netConnect(target, '127.0.0.1')
-    s.pipe(up).pipe(s)
-    up.on('error', () => s.destroy())
-    s.on('error', () => up.destroy())
-  })
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
-  closers.push(() => new Promise((r) => srv.close(r)))
-  return `https://127.0.0.1:${(srv.address() as AddressInfo).port}`
+async function httpsOf(m: Merchant): Promise<string> {
+  const front = await tlsFront(upstreamCa, m.url)
+  closers.push(front.close)
+  return front.url
 }
 
 async function merchant(kind: 'v1' | 'v2'): Promise<{ m: Merchant; https: string; payTo: Hex }> {
@@ -67,7 +59,7 @@ async function merchant(kind: 'v1' | 'v2'): Promise<{ m: Merchant; https: string
   const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: 5_000n }
   const m = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
   closers.push(() => m.close())
-  return { m, https: await tlsFront(m), payTo }
+  return { m, https: await httpsOf(m), payTo }
 }
 
 const agentKey = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px' } })).body.apiKey as string

@@ -8,20 +8,12 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { startDevnet } from '../../src/chain/devnet.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { viemChain } from '../../src/chain/chain.js'
-import { freeze } from '../helpers/freeze.js'
+import { alive, freeze } from '../helpers/freeze.js'
 import { tempDir } from '../helpers/gateway.js'
 import { call, runCli, spawnGateway, type GatewayProcess } from '../helpers/process.js'
 
 const logsOf = (g: GatewayProcess) => g.stdout.map((l) => JSON.parse(l) as Record<string, any>)
 const anvilPidOf = (g: GatewayProcess): number => logsOf(g).find((j) => j.msg === 'anvil started')!.pid as number
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')[1])
 async function goneWithin(pids: number[], ms: number): Promise<boolean> {
   const end = Date.now() + ms
