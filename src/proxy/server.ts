@@ -107,7 +107,8 @@ function onward(req: IncomingMessage, head: Buffer): Readable {
 
 /**
  * Thrown out of an idempotent run whose answer cannot be kept and cost nothing: no result is
- * stored (not a PaygateError), so the key's marker is deleted and the same key asks again.
+ * stored (not a PaygateError); the key's marker stays, and the next call with the key finds
+ * no payment behind it and asks the target again.
  */
 class NotKept extends Error {}
 
