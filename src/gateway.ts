@@ -147,7 +147,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const walletStore = new Wallets(store, registry, keystore, clock)
     const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
     const transactions = new Transactions(store)
-    outbox = new Outbox(store, transactions, new LedgerWriter(chain), log)
+    outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock })
     await outbox.start()
     upstream = new Upstream(config.upstream.caFile, config.pay.timeoutMs)
     const events = new EventBus()

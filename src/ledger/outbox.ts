@@ -4,6 +4,7 @@ import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { KeyedMutex } from '../util/mutex.js'
 import type { Transactions } from './transactions.js'
+import { systemClock, type Clock } from '../util/clock.js'
 
 interface OutboxEntry {
   nonce: string
@@ -67,15 +68,22 @@ export class Outbox {
   private closed = false
   private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
 
+  private readonly pollMs: number
+  private readonly maxHeld: number
+  private readonly resendAfterMs: number
+  private readonly clock: Clock
+
   constructor(
     private readonly store: Store,
     private readonly transactions: Transactions,
     private readonly writer: LedgerWriter,
     private readonly log: Logger,
-    private readonly pollMs = 100,
-    private readonly maxHeld = MAX_HELD,
-    private readonly resendAfterMs = RESEND_AFTER_MS,
+    opts: { pollMs?: number; maxHeld?: number; resendAfterMs?: number; clock?: Clock } = {},
   ) {
+    this.pollMs = opts.pollMs ?? 100
+    this.maxHeld = opts.maxHeld ?? MAX_HELD
+    this.resendAfterMs = opts.resendAfterMs ?? RESEND_AFTER_MS
+    this.clock = opts.clock ?? systemClock
     this.entries = store.collection('ledgerOutbox')
     this.meta = store.collection('meta')
   }
@@ -202,7 +210,7 @@ export class Outbox {
       const batch = this.unsent.slice(0, MAX_SEND)
       const r = await this.writer.broadcast(batch.map((e) => e.raw)).catch((e: unknown) => ({ sent: 0, error: e }))
       const sent = this.unsent.splice(0, r.sent)
-      const now = Date.now()
+      const now = this.clock.now()
       for (const e of sent) this.sentAt.set(e.hash, now)
       this.unconfirmed.push(...sent)
       if (r.error) throw r.error
@@ -244,7 +252,7 @@ export class Outbox {
     this.unconfirmed.splice(0, confirmed.length)
     this.stored -= confirmed.length
     const stuck = this.unconfirmed[0]
-    if (stuck && Date.now() - (this.sentAt.get(stuck.hash) ?? 0) >= this.resendAfterMs) {
+    if (stuck && this.clock.now() - (this.sentAt.get(stuck.hash) ?? 0) >= this.resendAfterMs) {
       this.log.warn({ txId: stuck.txId, hash: stuck.hash, waiting: this.unconfirmed.length }, 'a ledger record has no receipt long after it was sent; sending it and those after it again')
       this.unsent = [...this.unconfirmed.splice(0), ...this.unsent]
     }

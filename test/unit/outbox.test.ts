@@ -8,6 +8,7 @@ import { Transactions, type TxRecord } from '../../src/ledger/transactions.js'
 import type { Logger } from '../../src/log/index.js'
 import { Store } from '../../src/store/index.js'
 import { tempDir } from '../helpers/gateway.js'
+import { OffsetClock, type Clock } from '../../src/util/clock.js'
 
 const ZERO: Hex = `0x${'0'.repeat(64)}`
 const entry = (i: number): LedgerEntry => ({ id: keccak256(`r${i}`, 'utf8'), parentTxHash: ZERO, agentId: 'a', amount: 1n, protocol: 'x402', origin: 'http://m', pathHash: ZERO, depth: 0 })
@@ -62,10 +63,10 @@ const recordOf = (i: number): TxRecord => ({
   protocol: 'x402', amount: '1', txHash: null, parentTxHash: null, depth: 0,
 })
 
-async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-'), maxHeld?: number, resendAfterMs?: number): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
+async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-'), maxHeld?: number, clock?: Clock): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
   const store = await Store.open(dir)
   const transactions = new Transactions(store)
-  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, 10, maxHeld, resendAfterMs)
+  const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, { pollMs: 10, ...(maxHeld !== undefined ? { maxHeld } : {}), ...(clock ? { clock } : {}) })
   t.teardown(async () => {
     await outbox.close()
     await store.close()
@@ -177,10 +178,15 @@ t.test('a backlog longer than what is held in memory waits in the store and goes
 
 t.test('a record the node dropped (no receipt long after it was sent) is sent again with those after it, while running; fees are refreshed each pass', async (t) => {
   const writer = new FakeWriter(() => 4)
-  const o = await open(t, writer, undefined, undefined, 200)
+  const clock = new OffsetClock()
+  const o = await open(t, writer, undefined, undefined, clock)
   t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
   await record(o, 0, 3)
   const end = Date.now() + 5_000
+  while (writer.broadcasts.length < 1 && Date.now() < end) await new Promise((r) => setTimeout(r, 20))
+  await new Promise((r) => setTimeout(r, 100))
+  t.equal(writer.broadcasts.length, 1, 'no resend while the wait for a receipt is short')
+  clock.offset += 60_000 // a minute without a receipt
   while (writer.broadcasts.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 20))
   t.same(writer.broadcasts.slice(0, 2), [[0, 1, 2], [0, 1, 2]], 'no receipt after the wait: the same records again, in nonce order')
   writer.mined = true
