@@ -89,7 +89,7 @@ export const KEYS: readonly KeySpec[] = [
   {
     path: 'proxy.accessLog',
     kind: 'bool',
-    doc: 'One info line per proxied request (agent, method, host, status, amount paid, error, ms). `false` turns that line off (as squid\'s `access_log none`); payments, failures and warnings are logged either way.',
+    doc: 'One info line per proxied request (agent, method, host, status, amount paid, error, ms). `false` turns that line off for requests that neither paid nor failed (as squid\'s `access_log none`); a paid or failed request keeps its line.',
   },
   {
     path: 'proxy.idleTimeoutMs',

@@ -433,8 +433,9 @@ export class ProxyServer implements FastHost {
     return err
   }
 
+  /** The access line; with `accessLog: false`, only for payments and failures (a paid or failed request is always logged). */
   private logRequest(agentId: string, method: string, host: string, status: number, paid: bigint | null, error: string | undefined, started: number): void {
-    if (this.d.accessLog === false) return
+    if (this.d.accessLog === false && paid === null && error === undefined) return
     this.access({ agentId, method, host, status, paidUsdc: paid === null ? undefined : formatUnits(paid), error, ms: Math.round((performance.now() - started) * 100) / 100 })
   }
 

@@ -101,7 +101,7 @@ t.test('sidecar mode: no credentials uses the default agent', async (t) => {
   t.ok(gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"agentId":"sidecar"')), 'logged as the default agent')
 })
 
-t.test('proxy.accessLog false: requests are served without their info line', async (t) => {
+t.test('proxy.accessLog false: requests are served without their info line; a failure is still logged', async (t) => {
   const dir = tempDir()
   const quiet = await startTestGateway({ dataDir: dir, env: { PAYGATE_PROXY_DEFAULT_AGENT: 'sidecar', PAYGATE_PROXY_ACCESS_LOG: 'false' } })
   t.teardown(async () => {
@@ -116,6 +116,15 @@ t.test('proxy.accessLog false: requests are served without their info line', asy
   t.equal(await r.body.text(), 'quiet')
   t.ok(quiet.logs.some((l) => l.includes('"msg":"chain ready"')), 'the gateway still logs at info')
   t.notOk(quiet.logs.some((l) => l.includes('"msg":"proxy request"')), 'no line per proxied request')
+  // A failure (and a payment) keeps its line: the target's port is closed now.
+  const probe = createServer()
+  await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r))
+  const closedPort = (probe.address() as AddressInfo).port
+  await new Promise<void>((r) => probe.close(() => r()))
+  const failed = await request(`http://127.0.0.1:${closedPort}/`, { dispatcher: agent })
+  await failed.body.dump()
+  t.equal(failed.statusCode, 502)
+  t.ok(quiet.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"error":"upstream_unreachable"')), 'the failed request is logged')
   // The same request through a gateway with the default config is logged.
   const loud = new ProxyAgent({ uri: gw.gw.proxyUrl, proxyTunnel: false } as never)
   t.teardown(() => loud.close())
