@@ -111,18 +111,26 @@ export class Registry {
     if (kind === 'account' && this.envKeyHash && sameHash(hash, this.envKeyHash)) return { kind: 'account', keyId: ENV_KEY_ID }
     const hit = this.cache.get(hash)
     if (hit) return hit
-    let revision = this.revoked
-    let id = await this.lookup(hash, kind)
-    // A revoke or delete was written while reading (the bump follows the write): what was
-    // read may predate it, so read again, and cache only a read that nothing overtook.
-    if (revision !== this.revoked) {
-      revision = this.revoked
-      id = await this.lookup(hash, kind)
-    }
-    if (!id || revision !== this.revoked) return id
+    const { value: id, cacheable } = await this.readGuarded(() => this.lookup(hash, kind))
+    if (!id || !cacheable) return id
     if (this.cache.size >= CACHE_MAX) this.cache.delete(this.cache.keys().next().value!)
     this.cache.set(hash, id)
     return id
+  }
+
+  /**
+   * A read for a cache. A revoke or delete written while it ran (the bump follows the write)
+   * may postdate what it read, so it is read once more, and only a read nothing overtook may
+   * be cached: the change's own cache clear has already run.
+   */
+  private async readGuarded<T>(read: () => Promise<T>): Promise<{ value: T; cacheable: boolean }> {
+    let revision = this.revoked
+    let value = await read()
+    if (revision !== this.revoked) {
+      revision = this.revoked
+      value = await read()
+    }
+    return { value, cacheable: revision === this.revoked }
   }
 
   private async lookup(hash: string, kind: KeyKind): Promise<Identity | null> {
@@ -184,6 +192,10 @@ export class Registry {
     return out
   }
 
+  /**
+   * Moves when a key revoke or an agent delete is written (before `onAgentDelete`'s hooks run):
+   * a cache that read before it moved must not keep what it read.
+   */
   get revision(): number {
     return this.revoked
   }
@@ -238,15 +250,8 @@ export class Registry {
     const hit = this.agentCache.get(agentId)
     if (hit) return hit
     if (!AGENT_ID_RE.test(agentId)) return undefined
-    let revision = this.revoked
-    let a = await this.agents.get(agentId)
-    // As in `verify`: a delete written meanwhile has already cleared the cache, so read again
-    // and do not put back what it removed.
-    if (revision !== this.revoked) {
-      revision = this.revoked
-      a = await this.agents.get(agentId)
-    }
-    if (a && revision === this.revoked) this.agentCache.set(agentId, a)
+    const { value: a, cacheable } = await this.readGuarded(() => this.agents.get(agentId))
+    if (a && cacheable) this.agentCache.set(agentId, a)
     return a
   }
 

@@ -25,12 +25,10 @@ export class MppSessions {
   private readonly cache = new Map<string, MppSession | null>()
   /** Saves and drops of one agent and service, one at a time. */
   private readonly writes = new KeyedMutex()
-  /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
-  private deletes = 0
 
   constructor(
     store: Store,
-    registry: Registry,
+    private readonly registry: Registry,
     private readonly clock: Clock,
   ) {
     this.coll = store.collection('mppSessions')
@@ -44,7 +42,6 @@ export class MppSessions {
       // for an agent recreated under the same id.
       (agentId) => {
         for (const k of this.cache.keys()) if (k.startsWith(`${agentId}\x00`)) this.cache.delete(k)
-        this.deletes++
       },
     )
   }
@@ -60,11 +57,11 @@ export class MppSessions {
     const k = keyOf(agentId, origin)
     let s = this.cache.get(k)
     if (s === undefined) {
-      const deletes = this.deletes
+      const revision = this.registry.revision
       const read = (await this.coll.get(k)) ?? null
       if (this.cache.size > 10_000) this.cache.clear()
       // A session saved or dropped meanwhile is cached already, and newer than what was read.
-      if (deletes === this.deletes && !this.cache.has(k)) this.cache.set(k, read)
+      if (revision === this.registry.revision && !this.cache.has(k)) this.cache.set(k, read)
       s = this.cache.get(k) ?? read
     }
     return this.unexpired(s)

@@ -12,8 +12,6 @@ export class PolicyStore {
   /** Write-through caches: this process is the only writer of its data directory. */
   private readonly policyCache = new Map<string, StoredPolicy>()
   private readonly usageCache = new Map<string, UsageState>()
-  /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
-  private deletes = 0
 
   constructor(
     store: Store,
@@ -32,7 +30,6 @@ export class PolicyStore {
       (agentId) => {
         this.policyCache.delete(agentId)
         this.usageCache.delete(agentId)
-        this.deletes++
       },
     )
   }
@@ -45,20 +42,20 @@ export class PolicyStore {
   async policyOf(agentId: string): Promise<StoredPolicy> {
     const hit = this.policyCache.get(agentId)
     if (hit) return hit
-    const deletes = this.deletes
+    const revision = this.registry.revision
     const p = (await this.policies.get(agentId)) ?? defaultPolicy()
     // A policy cached meanwhile (`update`) is newer than what was read.
-    if (deletes === this.deletes && !this.policyCache.has(agentId)) this.policyCache.set(agentId, p)
+    if (revision === this.registry.revision && !this.policyCache.has(agentId)) this.policyCache.set(agentId, p)
     return this.policyCache.get(agentId) ?? p
   }
 
   async usageOf(agentId: string): Promise<UsageState> {
     const hit = this.usageCache.get(agentId)
     if (hit) return hit
-    const deletes = this.deletes
+    const revision = this.registry.revision
     const u = (await this.usage.get(agentId)) ?? emptyUsage()
     // A cached value that came in meanwhile (`usageOp`) is newer than what was read.
-    if (deletes === this.deletes && !this.usageCache.has(agentId)) this.usageCache.set(agentId, u)
+    if (revision === this.registry.revision && !this.usageCache.has(agentId)) this.usageCache.set(agentId, u)
     return this.usageCache.get(agentId) ?? u
   }
 

@@ -26,8 +26,6 @@ export class Wallets {
   private readonly archive: Collection<WalletRecord>
   private readonly signers = new Map<string, FastSigner>()
   private readonly records = new Map<string, WalletRecord>()
-  /** Bumped when an agent's delete is written: a read begun before it must not cache what it read. */
-  private deletes = 0
 
   constructor(
     store: Store,
@@ -51,7 +49,6 @@ export class Wallets {
       (agentId) => {
         this.signers.delete(agentId)
         this.records.delete(agentId)
-        this.deletes++
       },
     )
   }
@@ -75,9 +72,9 @@ export class Wallets {
   async get(agentId: string): Promise<WalletRecord | undefined> {
     const hit = this.records.get(agentId)
     if (hit) return hit
-    const deletes = this.deletes
+    const revision = this.registry.revision
     const w = await this.wallets.get(agentId)
-    if (w && deletes === this.deletes) this.records.set(agentId, w)
+    if (w && revision === this.registry.revision) this.records.set(agentId, w)
     return w
   }
 
@@ -107,11 +104,11 @@ export class Wallets {
   async signer(agentId: string): Promise<FastSigner> {
     const hit = this.signers.get(agentId)
     if (hit) return hit
-    const deletes = this.deletes
+    const revision = this.registry.revision
     const { w, pk } = await this.privateKey(agentId)
     const signer = new FastSigner(pk)
     if (signer.address !== w.address) throw new PaygateError('internal_error', `stored wallet key of ${agentId} does not match its address`)
-    if (deletes === this.deletes) this.signers.set(agentId, signer)
+    if (revision === this.registry.revision) this.signers.set(agentId, signer)
     return signer
   }
 }
