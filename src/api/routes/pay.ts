@@ -145,6 +145,10 @@ function decoded(read: { data: Buffer } | DataError, coding: string | string[] |
   }
 }
 
+/** The merchant's settlement as a pay answer shows it. */
+const settlementView = (s: { success: boolean; transaction: string | null; network: string | null } | null | undefined) =>
+  s ? { success: s.success, transaction: s.transaction, network: s.network } : null
+
 /** `POST /v1/pay`: the payment engine behind the API, with idempotency keys. */
 export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
   async function run(p: PayBody): Promise<Reply> {
@@ -179,7 +183,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         data,
         ...('error' in read ? { dataError: read } : {}),
         ...(out.session ? { session: 'reused' } : {}),
-        ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: pay.settlement ? { success: pay.settlement.success, transaction: pay.settlement.transaction, network: pay.settlement.network } : null } : {}),
+        ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: settlementView(pay.settlement) } : {}),
         ...(out.held ? { transactionId: out.held.transactionId } : {}),
       },
     }
@@ -200,7 +204,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         dataError: { error: 'upstream_body_lost', detail: "Paygate restarted before this request's answer was returned; the payment is recorded" },
         transactionId: rec.id,
         rail: rec.rail ?? 'stablecoin',
-        settlement: rec.settlement ? { success: rec.settlement.success, transaction: rec.settlement.transaction, network: rec.settlement.network } : null,
+        settlement: settlementView(rec.settlement),
       },
     }
   }
