@@ -1,26 +1,8 @@
 import t from 'tap'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { OffsetClock } from '../../src/util/clock.js'
-import { startTestGateway } from '../helpers/gateway.js'
-import { startV2Merchant } from '../helpers/merchants.js'
+import { clockedPayer } from '../helpers/clocked-payer.js'
 
 t.test('a rate limit set after payments counts them (the 4th payment is rejected)', async (t) => {
-  const clock = new OffsetClock()
-  const gw = await startTestGateway({ clock })
-  t.teardown(() => gw.close())
-  const info = (await gw.api('GET', '/v1/chain')).body
-  const facilitatorKey = generatePrivateKey()
-  await gw.gw.chain.publicClient.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
-  const m = await startV2Merchant({
-    chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token },
-    facilitatorKey,
-    payTo: privateKeyToAccount(generatePrivateKey()).address,
-    price: 10_000n,
-  })
-  t.teardown(() => m.close())
-  await gw.api('POST', '/v1/agents', { body: { agentId: 'late' } })
-  await gw.api('POST', '/v1/wallets', { body: { agentId: 'late' } })
-  const pay = () => gw.api('POST', '/v1/pay', { body: { agentId: 'late', endpoint: `${m.url}/paid` } })
+  const { gw, clock, merchant: m, pay } = await clockedPayer(t, 'late')
 
   for (let i = 0; i < 3; i++) t.equal((await pay()).status, 200, `payment ${i + 1} with no rate limit`)
   t.equal((await gw.api('PUT', '/v1/policies/late', { body: { rateLimit: { calls: 3, window: '1h' } } })).status, 200)
