@@ -6,10 +6,9 @@ import { rootCertificates } from 'node:tls'
 import { promisify } from 'node:util'
 import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { CertificateAuthority } from '../../src/proxy/ca.js'
-import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
-import { tlsFront } from '../helpers/tls-front.js'
-import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
+import { testChain } from '../helpers/gateway.js'
+import { interceptionTestbed } from '../helpers/tls-front.js'
+import { startV1Merchant, startV2Merchant } from '../helpers/merchants.js'
 import { runCli } from '../helpers/process.js'
 
 /**
@@ -20,29 +19,8 @@ import { runCli } from '../helpers/process.js'
  * `CURL_CA_BUNDLE`, Python with `REQUESTS_CA_BUNDLE`, the proxy in `HTTPS_PROXY`.
  */
 const run = promisify(execFile)
-const dir = tempDir()
-// The targets' own CA (the gateway trusts it through PAYGATE_UPSTREAM_CA_FILE).
-const upstreamCa = await CertificateAuthority.load(join(dir, 'upstream-ca'))
-const upstreamCaFile = join(dir, 'upstream-ca.pem')
-writeFileSync(upstreamCaFile, upstreamCa.certPem)
-const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_UPSTREAM_CA_FILE: upstreamCaFile } })
-t.teardown(() => gw.close())
-const caFile = join(dir, 'paygate-ca.pem')
-writeFileSync(caFile, (await gw.api('GET', '/v1/ca.pem', { key: null })).text)
-const proxyPort = new URL(gw.gw.proxyUrl).port
+const { dir, gw, caFile, proxyPort, closers, httpsOf } = await interceptionTestbed(t)
 const { info, balanceOf, fundedKey } = await testChain(gw)
-
-const closers: (() => Promise<unknown>)[] = []
-t.teardown(async () => {
-  for (const c of closers.reverse()) await c()
-})
-
-/** The merchant behind a TLS front with a certificate from the targets' CA. */
-async function httpsOf(m: Merchant): Promise<string> {
-  const front = await tlsFront(upstreamCa, m.url)
-  closers.push(front.close)
-  return front.url
-}
 
 interface Shop {
   kind: 'v1' | 'v2'

@@ -1,16 +1,13 @@
 import t from 'tap'
 import { execFile } from 'node:child_process'
-import { writeFileSync } from 'node:fs'
 import { createServer as createHttpServer, request as httpRequest, type IncomingHttpHeaders } from 'node:http'
 import { type AddressInfo } from 'node:net'
-import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { ProxyAgent, request } from 'undici'
 import { type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { CertificateAuthority } from '../../src/proxy/ca.js'
-import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
-import { tlsFront } from '../helpers/tls-front.js'
+import { startTestGateway, testChain } from '../helpers/gateway.js'
+import { interceptionTestbed } from '../helpers/tls-front.js'
 import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
 const run = promisify(execFile)
@@ -29,29 +26,8 @@ function absoluteForm(url: string, headers: Record<string, string>): Promise<{ s
 }
 
 /** Unmodified clients pay through the proxy: HTTPS intercepted, loopback merchants behind TLS. */
-const dir = tempDir()
-// The targets' own CA (the gateway trusts it through PAYGATE_UPSTREAM_CA_FILE).
-const upstreamCa = await CertificateAuthority.load(join(dir, 'upstream-ca'))
-const upstreamCaFile = join(dir, 'upstream-ca.pem')
-writeFileSync(upstreamCaFile, upstreamCa.certPem)
-const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_UPSTREAM_CA_FILE: upstreamCaFile } })
-t.teardown(() => gw.close())
-const caFile = join(dir, 'paygate-ca.pem')
-writeFileSync(caFile, (await gw.api('GET', '/v1/ca.pem', { key: null })).text)
-const proxyPort = new URL(gw.gw.proxyUrl).port
+const { upstreamCaFile, gw, caFile, proxyPort, closers, httpsOf } = await interceptionTestbed(t)
 const { info, balanceOf, fundedKey } = await testChain(gw)
-
-const closers: (() => Promise<unknown>)[] = []
-t.teardown(async () => {
-  for (const c of closers.reverse()) await c()
-})
-
-/** A TLS front for a plain HTTP merchant, with a certificate from the targets' CA. */
-async function httpsOf(m: Merchant): Promise<string> {
-  const front = await tlsFront(upstreamCa, m.url)
-  closers.push(front.close)
-  return front.url
-}
 
 async function merchant(kind: 'v1' | 'v2'): Promise<{ m: Merchant; https: string; payTo: Hex }> {
   const facilitatorKey = await fundedKey()
