@@ -29,7 +29,16 @@ export interface TestGateway {
   close(opts?: { keepData?: boolean }): Promise<void>
 }
 
-export const tempDir = (prefix = 'paygate-test-'): string => mkdtempSync(join(tmpdir(), prefix))
+const madeDirs: string[] = []
+// Every temp dir goes when the test process ends, also where a test fails before its own cleanup.
+process.once('exit', () => {
+  for (const d of madeDirs) rmSync(d, { recursive: true, force: true })
+})
+export const tempDir = (prefix = 'paygate-test-'): string => {
+  const d = mkdtempSync(join(tmpdir(), prefix))
+  madeDirs.push(d)
+  return d
+}
 
 /** Start a real gateway in this process on port 0 with a fresh LevelDB in a temp dir. */
 export async function startTestGateway(

@@ -1,17 +1,17 @@
 import t, { type Test } from 'tap'
 import { X509Certificate, createPrivateKey, createPublicKey } from 'node:crypto'
-import { cpSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { cpSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { createServer as createNetServer, isIP, type AddressInfo, type Server as NetServer } from 'node:net'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { TLSSocket, checkServerIdentity, connect, createServer, rootCertificates, type PeerCertificate, type SecureContext, type Server } from 'node:tls'
 import { CertificateAuthority } from '../../src/proxy/ca.js'
 import { PaygateError } from '../../src/errors/index.js'
 import { ManualClock } from '../../src/util/clock.js'
+import { tempDir as makeTempDir } from '../helpers/gateway.js'
 
 const DAY = 86_400_000
 
-const tempDir = (): string => mkdtempSync(join(tmpdir(), 'paygate-ca-'))
+const tempDir = (): string => makeTempDir('paygate-ca-')
 const modeOf = (file: string): number => statSync(file).mode & 0o777
 
 /** Load a fresh CA into a temp dir (removed at teardown). */
