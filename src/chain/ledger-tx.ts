@@ -91,6 +91,14 @@ export class LedgerWriter {
     await this.refreshFees()
   }
 
+  /**
+   * What a signature depends on besides the entry and the nonce (chain, ledger address, fees):
+   * a record signed under another stamp must be signed again.
+   */
+  stamp(): string {
+    return `${this.chain.info.chainId}:${this.chain.info.ledger}:${this.fees.maxFeePerGas}:${this.fees.maxPriorityFeePerGas}`
+  }
+
   sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
     const { chainId, ledger } = this.chain.info
     if (this.to?.address !== ledger) this.to = { address: ledger, bytes: addressBytes(ledger) }

@@ -2,7 +2,7 @@ import { Readable } from 'node:stream'
 import type { Registry } from '../agents/registry.js'
 import type { Chain } from '../chain/chain.js'
 import { paygateUsdcAbi } from '../chain/contracts/abis.js'
-import { ledgerLocation, recordIdOf, ZERO32 } from '../chain/ledger-tx.js'
+import { ledgerLocation, recordIdOf, ZERO32, type LedgerEntry } from '../chain/ledger-tx.js'
 import { PaygateError, type ErrorCode } from '../errors/index.js'
 import type { EventBus } from '../events/bus.js'
 import { endpointOf, isEip3009, newTxId, type StoredAuthorization, type Transactions, type TxRecord } from '../ledger/transactions.js'
@@ -96,6 +96,21 @@ const RESEND_MARGIN_MS = 6_000
 const BUDGET_WARNING_PCT = 80
 /** How far before a cut-off request's start its transaction is looked for (clock steps). */
 const CUT_OFF_MARGIN_MS = 60_000
+
+/** The ledger record of a paid transaction. */
+function ledgerEntryOf(rec: TxRecord, protocol: string): LedgerEntry {
+  const { origin, pathHash } = ledgerLocation(rec.endpoint)
+  return {
+    id: recordIdOf(rec.id),
+    parentTxHash: (rec.parentTxHash as `0x${string}` | null) ?? ZERO32,
+    agentId: rec.agentId,
+    amount: BigInt(rec.amount),
+    protocol,
+    origin,
+    pathHash,
+    depth: rec.depth,
+  }
+}
 
 /**
  * A 402 as the adapters read it: its body up to MAX_402_BODY. A longer body is not read for
@@ -474,7 +489,10 @@ export class PaymentEngine {
       rec = { ...rec, attempts: attempt }
       let d: Delivery
       try {
-        d = await plan.deliver(req, auth, rec.id)
+        const sending = plan.deliver(req, auth, rec.id)
+        // The only payment under way: its ledger record is signed while the retry is on the wire.
+        if (attempt === 1 && this.inFlight.size === 1) this.d.outbox.signAhead(ledgerEntryOf(rec, plan.protocol))
+        d = await sending
       } catch (e) {
         d = { kind: 'transient', response: null, error: (e as Error).message }
       }
@@ -567,7 +585,6 @@ export class PaymentEngine {
     const settlement = plan.settlement?.(res.headers) ?? null
     const now = this.d.clock.now()
     const policy = await this.d.policies.policyOf(rec.agentId)
-    const { origin, pathHash } = ledgerLocation(rec.endpoint)
     let before = 0n
     let after = 0n
     const recording = await this.withUsage(rec.agentId, async () => {
@@ -578,16 +595,7 @@ export class PaymentEngine {
       const usageOp = this.d.policies.usageOp(rec.agentId, committed)
       const prev = rec
       const pending = this.d.outbox.record(
-        {
-          id: recordIdOf(rec.id),
-          parentTxHash: (rec.parentTxHash as `0x${string}` | null) ?? ZERO32,
-          agentId: rec.agentId,
-          amount: BigInt(rec.amount),
-          protocol: plan.protocol,
-          origin,
-          pathHash,
-          depth: rec.depth,
-        },
+        ledgerEntryOf(rec, plan.protocol),
         rec.id,
         (hash) => {
           const next: TxRecord = {

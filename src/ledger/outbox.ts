@@ -6,6 +6,10 @@ import { KeyedMutex } from '../util/mutex.js'
 import type { Transactions } from './transactions.js'
 import { systemClock, type Clock } from '../util/clock.js'
 
+/** The same ledger record, field by field. */
+const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
+  a.id === b.id && a.parentTxHash === b.parentTxHash && a.agentId === b.agentId && a.amount === b.amount && a.protocol === b.protocol && a.origin === b.origin && a.pathHash === b.pathHash && a.depth === b.depth
+
 interface OutboxEntry {
   nonce: string
   txId: string
@@ -67,6 +71,8 @@ export class Outbox {
   private pumping: Promise<void> | null = null
   private closed = false
   private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
+  /** A record signed ahead (see signAhead), with the nonce and stamp it was signed under. */
+  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: { raw: Hex; hash: Hex } } | null = null
 
   private readonly pollMs: number
   private readonly maxHeld: number
@@ -143,6 +149,38 @@ export class Outbox {
     })
   }
 
+  /**
+   * Sign `entry` now, with the nonce it gets if it is the next record stored: the caller is
+   * waiting on the network (the paid retry) and, when it is paid, record() finds the
+   * signature done, a signature less on the paid path. Only when no record waits to be
+   * stored: under load, nonces go in completion order and a guess would often be wrong.
+   * A guess that does not hold (another record took the nonce, the fees changed, the
+   * payment failed) is dropped unused; nothing signed ahead is stored or sent.
+   */
+  signAhead(entry: LedgerEntry): void {
+    if (this.closed || this.queue.length) return
+    // After the caller's request is written (undici writes a reused socket's request on an immediate too).
+    setImmediate(() => {
+      if (this.closed || this.queue.length) return
+      const nonce = this.nextNonce
+      try {
+        this.ahead = { entry, nonce, stamp: this.writer.stamp(), signed: this.writer.sign(entry, nonce) }
+      } catch {
+        this.ahead = null // record() signs it and reports what is wrong
+      }
+    })
+  }
+
+  /** The signature of `entry` under `nonce`: the one made ahead when it still holds. */
+  private signed(entry: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
+    const a = this.ahead
+    if (a && a.nonce === nonce && sameEntry(a.entry, entry) && a.stamp === this.writer.stamp()) {
+      this.ahead = null
+      return a.signed
+    }
+    return this.writer.sign(entry, nonce)
+  }
+
   private async flush(): Promise<void> {
     await this.lock.run('nonce', async () => {
       const group = this.queue.splice(0, this.queue.length)
@@ -152,7 +190,7 @@ export class Outbox {
       let nonce = this.nextNonce
       try {
         for (const g of group) {
-          const signed = this.writer.sign(g.entry, nonce)
+          const signed = this.signed(g.entry, nonce)
           const e: OutboxEntry = { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash }
           stored.push(e)
           batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e })
@@ -167,6 +205,7 @@ export class Outbox {
         return
       }
       this.nextNonce = nonce
+      if (this.ahead && this.ahead.nonce < nonce) this.ahead = null
       this.stored += stored.length
       if (this.spilledUpTo === null && this.held() + stored.length <= this.maxHeld) this.hold(stored)
       else this.spilledUpTo = nonce

@@ -70,6 +70,35 @@ for (const kind of ['v2', 'v1', 'simple', 'accepts'] as const) {
   })
 }
 
+t.test('the ledger record of a lone payment is signed while the paid retry is on the wire, once, and that is the transaction on chain', async (t) => {
+  const { m } = await merchant('v2')
+  const outbox = gw.gw.outbox as unknown as { signAhead(e: unknown): void; writer: { sign(e: unknown, n: bigint): { raw: Hex; hash: Hex } } }
+  const ahead = outbox.signAhead.bind(outbox)
+  const sign = outbox.writer.sign.bind(outbox.writer)
+  const calls = { ahead: 0, signs: [] as Hex[] }
+  outbox.signAhead = (e) => {
+    calls.ahead++
+    ahead(e)
+  }
+  outbox.writer.sign = (e, n) => {
+    const s = sign(e, n)
+    calls.signs.push(s.hash)
+    return s
+  }
+  t.teardown(() => {
+    outbox.signAhead = ahead
+    outbox.writer.sign = sign
+  })
+  const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })
+  t.equal(r.status, 200, r.text)
+  t.equal(calls.ahead, 1, 'signed ahead')
+  t.same(calls.signs, [r.body.txHash], 'one signature, and its hash is the answer\'s txHash')
+  t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
+  t.equal((await pub.getTransactionReceipt({ hash: r.body.txHash })).status, 'success')
+  const tx = (await gw.api('GET', `/v1/transactions/${r.body.txHash}`)).body
+  t.equal(await pub.readContract({ address: info.ledger, abi: paymentLedgerAbi, functionName: 'recorded', args: [recordIdOf(tx.id)] }), true)
+})
+
 t.test('a POST body is resent intact on the paid retry', async (t) => {
   const { m } = await merchant('v2')
   const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'POST', body: { hello: 'world', n: [1, 2, 3] } } })

@@ -29,7 +29,15 @@ class FakeWriter {
   async refreshFeesIfDue(): Promise<void> {
     this.feeRefreshes++
   }
-  sign(_e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
+  /** What the signatures depend on besides entry and nonce (the fees, on a real chain). */
+  fees = 'f1'
+  stamp(): string {
+    return this.fees
+  }
+  /** Every signature made: [entry id, nonce]. */
+  readonly signs: [Hex, number][] = []
+  sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
+    this.signs.push([e.id, Number(nonce)])
     const hash = hashOf(nonce)
     this.byHash.set(hash, { success: !this.reverted.has(Number(nonce)), blockNumber: this.blockOf(Number(nonce)) })
     return { raw: `0x${nonce.toString(16).padStart(4, '0')}`, hash }
@@ -192,4 +200,47 @@ t.test('a record the node dropped (no receipt long after it was sent) is sent ag
   writer.mined = true
   t.ok(await o.outbox.drain(5_000), 'then confirmed')
   t.ok(writer.feeRefreshes >= 2, 'each pass asks for fees (the writer refreshes them when due)')
+})
+
+t.test('a record signed ahead is stored with that signature when it gets the nonce it was signed for; a guess that no longer holds is signed again', async (t) => {
+  const writer = new FakeWriter(() => 3)
+  const o = await open(t, writer)
+  t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
+  const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
+  const put = (i: number): Promise<Hex> => {
+    const r = recordOf(i)
+    return o.outbox.record(entry(i), r.id, (hash) => o.transactions.ops({ ...r, txHash: hash, ledger: { status: 'queued' } }))
+  }
+
+  // Signed ahead with nonce 0, then recorded: no second signature, and the hash of nonce 0.
+  o.outbox.signAhead(entry(0))
+  await tick()
+  t.same(writer.signs, [[entry(0).id, 0]], 'signed ahead, once')
+  t.equal(await put(0), hashOf(0n))
+  t.same(writer.signs, [[entry(0).id, 0]], 'recorded with the signature made ahead')
+
+  // Signed ahead for nonce 1, but another record is stored first and takes nonce 1.
+  o.outbox.signAhead(entry(1))
+  await tick()
+  t.equal(await put(2), hashOf(1n), 'the other record gets nonce 1, signed for itself')
+  t.equal(await put(1), hashOf(2n), 'the record signed ahead gets nonce 2 and is signed again')
+  t.same(writer.signs.slice(1), [[entry(1).id, 1], [entry(2).id, 1], [entry(1).id, 2]])
+
+  // The fees changed after the signature ahead: signed again under the new ones.
+  o.outbox.signAhead(entry(3))
+  await tick()
+  writer.fees = 'f2'
+  t.equal(await put(3), hashOf(3n))
+  t.same(writer.signs.slice(4), [[entry(3).id, 3], [entry(3).id, 3]], 'signed ahead, then again under the new fees')
+
+  // Nothing is signed ahead while a record waits to be stored: its nonce is not settled yet.
+  const waiting = put(4)
+  o.outbox.signAhead(entry(5))
+  await waiting
+  await tick()
+  t.same(writer.signs.slice(6), [[entry(4).id, 4]], 'only the waiting record was signed')
+
+  writer.mined = true
+  t.ok(await o.outbox.drain(10_000), 'every record confirmed')
+  t.same(writer.broadcasts.flat().sort((a, b) => a - b), [0, 1, 2, 3, 4], 'consecutive nonces, each sent')
 })
