@@ -108,6 +108,9 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
     `  at these costs (16 agents, the chain's over the drain too) 2,000 paid/s needs ${fmt((2000 * (rest + chainMs)) / 1000, 1)} cores: ` +
       `gateway ${fmt((2000 * ((c3.gateway! - c2.gateway!) / pm.n)) / 1000, 1)}, chain ${fmt((2000 * chainMs) / 1000, 1)}; this machine has ${availableParallelism()}`,
   )
+  // What any gateway would need on top of its own cost: the chain, the merchant and the callers alone.
+  const others = chainMs + (c3.merchant! - c2.merchant!) / pm.n + (c3.callers! - c2.callers!) / pm.n
+  console.log(`  the chain, the merchant and the callers alone (a gateway costing nothing) need ${fmt((2000 * others) / 1000, 1)} cores at 2,000 paid/s`)
 
   await apool.close()
   await mpool.close()
