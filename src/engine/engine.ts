@@ -25,6 +25,7 @@ import type { Wallets } from '../wallet/wallets.js'
 import type { MppAdapter } from './adapters/mpp.js'
 import { Balances } from './balances.js'
 import type { Delivery, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './adapters/types.js'
+import { AheadSigner } from './sign-ahead.js'
 import { readBody, unreachable, type Upstream, type UpstreamResponse } from './upstream.js'
 
 export type { PayRequest } from './adapters/types.js'
@@ -164,8 +165,10 @@ export class PaymentEngine {
   private readonly fixedNonces = new KeyedMutex()
   /** Transactions whose outcome this process is still working on (the reconciler skips them). */
   readonly inFlight = new Set<string>()
+  private readonly aheadSigner: AheadSigner
 
   constructor(private readonly d: EngineDeps) {
+    this.aheadSigner = new AheadSigner({ policies: d.policies, wallets: d.wallets, clock: d.clock, busy: () => this.inFlight.size > 0 })
     this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed') })
   }
 
@@ -193,7 +196,17 @@ export class PaymentEngine {
 
   async pay(request: PayRequest): Promise<PayOutcome> {
     const start = this.beginCached(request) ?? (await this.begin(request))
-    return this.resume(start, await this.sendOrUnreachable(start.req, start.firstHeaders))
+    const first = this.sendOrUnreachable(start.req, start.firstHeaders)
+    this.signAhead(start)
+    return this.resume(start, await first)
+  }
+
+  /**
+   * Call once the first request of `start` is sent: a lone payment's authorization may then be
+   * signed while its 402 is on the wire (see AheadSigner). Not with an MPP session (no payment expected).
+   */
+  signAhead(start: PayStart): void {
+    if (start.session === null) this.aheadSigner.start(start.req)
   }
 
   /**
@@ -384,6 +397,7 @@ export class PaymentEngine {
       offer: plan.offer,
       ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
     }
+    this.aheadSigner.planned(agentId, req.url, plan)
     // The wallet is looked up alongside, but a missing one is reported only after the policy
     // has had its say (a blocked domain is a policy rejection, wallet or not).
     const wallet = outcome(this.d.wallets.signer(agentId))
@@ -413,7 +427,7 @@ export class PaymentEngine {
         }
       }
       const input = { req, txId: base.id, wallet: signing, nowMs: now }
-      const prepared = plan.signsLocally && plan.prepare ? plan.prepare(input) : null
+      const prepared = plan.signsLocally && plan.prepare ? (this.aheadSigner.take(agentId, req.url, plan, signer.address) ?? plan.prepare(input)) : null
       const authorization = prepared ? prepared.unsigned : plan.signsLocally ? await plan.authorize(input) : undefined
       const rec: TxRecord = { ...base, ...(authorization ? { authorization } : {}) }
       // Enqueued under the lock (writes land in call order), awaited after it, so the

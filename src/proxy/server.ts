@@ -633,7 +633,9 @@ export class ProxyServer implements FastHost {
     try {
       const payReq: PayRequest = { agentId, url, origin, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders, this.d.engine.acceptPayment), body: null }
       const start = this.d.engine.beginCached(payReq) ?? (await this.d.engine.begin(payReq))
-      const first = await sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
+      const sent = sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
+      this.d.engine.signAhead(start)
+      const first = await sent
       if (first.kind === 'relayed') {
         status = first.status
         return

@@ -35,6 +35,12 @@ export function signChainTransfer(wallet: SigningWallet, auth: Eip3009Authorizat
 export class X402Adapter implements ProtocolAdapter {
   readonly protocol = 'x402' as const
 
+  /**
+   * One plan per offer: identical 402s read to the same offer objects (the readings are cached),
+   * so a repeated 402 gives the same plan, which is how a signature made ahead is matched (AheadSigner).
+   */
+  private readonly plans = new WeakMap<Offer, { chain: string; plan: Plan }>()
+
   constructor(private readonly upstream: Upstream) {}
 
   detect(answer: HttpAnswer, req: PayRequest, chain: PayableChain): Detected {
@@ -48,7 +54,10 @@ export class X402Adapter implements ProtocolAdapter {
           : 'no x402 offer on this chain and token for this origin'
       return { present: true, plan: null, why, malformed: false }
     }
-    return { present: true, plan: this.plan(offer, chain) }
+    const chainKey = `${chain.chainId}\u0000${chain.networkName}\u0000${chain.token}\u0000${chain.tokenDomain.name}\u0000${chain.tokenDomain.version}`
+    let known = this.plans.get(offer)
+    if (known?.chain !== chainKey) this.plans.set(offer, (known = { chain: chainKey, plan: this.plan(offer, chain) }))
+    return { present: true, plan: known.plan }
   }
 
   private plan(offer: Offer, chain: PayableChain): Plan {
