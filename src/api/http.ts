@@ -7,7 +7,7 @@ import type { Reply } from './router.js'
 export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
   const declared = Number(req.headers['content-length'] ?? 0)
   if (declared > maxBytes) throw new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
-  const body = await collect(req, maxBytes, () => new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`))
+  const body = await collect(req, maxBytes, () => new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`), declared || undefined)
   if (body.length === 0) return {}
   const type = String(req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
   if (type !== 'application/json' && !type.endsWith('+json')) {

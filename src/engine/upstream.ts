@@ -42,6 +42,9 @@ function upstreamError(e: Error): UpstreamError {
 
 /** A response body fed by the dispatcher: reading resumes the upstream socket, destroying it early aborts the request. */
 class ResponseBody extends Readable {
+  /** Every byte has arrived (as IncomingMessage's `complete`): a reader may take them at once (collectUpTo). */
+  complete = false
+
   constructor(
     private readonly resumeUpstream: () => void,
     private readonly abortUpstream: (e?: Error) => void,
@@ -88,6 +91,7 @@ class Handler implements Dispatcher.DispatchHandler {
   }
 
   onComplete(): void {
+    this.body!.complete = true
     this.body!.push(null)
   }
 

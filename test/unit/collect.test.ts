@@ -1,6 +1,6 @@
 import t from 'tap'
 import { PassThrough, Readable } from 'node:stream'
-import { collect, headThen } from '../../src/util/collect.js'
+import { collect, collectUpTo, headThen } from '../../src/util/collect.js'
 
 const tooLarge = (): Error => new Error('too large')
 
@@ -63,4 +63,53 @@ t.test('headThen: the bytes read, then the rest; destroyed early, it destroys th
   s.destroy()
   await new Promise((r) => setImmediate(r))
   t.ok(stalled.destroyed, 'the upstream body is released')
+})
+
+/** A stream holding `chunks` in its buffer, not yet ended, marked `complete` as an HTTP message would be. */
+function buffered(chunks: string[], complete: boolean): Readable & { complete: boolean } {
+  const s = Object.assign(new Readable({ read() {} }), { complete })
+  for (const c of chunks) s.push(Buffer.from(c))
+  return s
+}
+
+t.test('a body already all here is taken in one read, without data and end turns; the stream still ends and closes', async (t) => {
+  // complete (an IncomingMessage or an upstream body that got its last byte)
+  const done = buffered(['ab', 'cd'], true)
+  done.push(null)
+  const p = collectUpTo(done, 100)
+  t.equal(done.listenerCount('data'), 0, 'no data listener: taken at once')
+  t.same(await p, { head: Buffer.from('abcd'), rest: null })
+  await new Promise((r) => done.once('close', r))
+  t.ok(done.readableEnded, 'ended')
+
+  // the bytes buffered are all the Content-Length said; the end comes later
+  const early = buffered(['{"a":', '1}'], false)
+  const q = collect(early, 100, tooLarge, 7)
+  t.equal(early.listenerCount('data'), 0, 'taken at once')
+  t.equal((await q).toString(), '{"a":1}')
+  early.push(null)
+  await new Promise((r) => early.once('end', r))
+})
+
+t.test('a body not all here, or over max, or decoded to strings, is read the usual way', async (t) => {
+  const part = buffered(['abc'], false)
+  const p = collect(part, 100, tooLarge, 6)
+  t.equal(part.listenerCount('data'), 1, 'waits for the rest')
+  part.push(Buffer.from('def'))
+  part.push(null)
+  t.equal((await p).toString(), 'abcdef')
+
+  const big = buffered(['abcdef'], true)
+  big.push(null)
+  const { head, rest } = await collectUpTo(big, 4)
+  t.equal(head.toString(), 'abcdef', 'the bytes read so far')
+  t.ok(rest, 'and the rest of the stream, over max')
+  rest?.destroy()
+
+  const text = buffered(['abc'], true)
+  text.setEncoding('utf8')
+  text.push(null)
+  const r = collect(text, 100, tooLarge)
+  t.equal(text.listenerCount('data'), 1, 'decoded streams are read as they come')
+  t.equal(String(await r), 'abc')
 })
