@@ -245,6 +245,15 @@ export class PaymentEngine {
     return status !== 402 && start.session === null
   }
 
+  /** Outbox.signAhead for `rec`; never throws (a record that cannot be built fails in paid(), as before). */
+  private signLedgerAhead(rec: TxRecord, protocol: ProtocolName): void {
+    try {
+      this.d.outbox.signAhead(ledgerEntryOf(rec, protocol))
+    } catch {
+      // nothing signed ahead
+    }
+  }
+
   /** Everything after the first send: session accounting, offers, policy, payment. */
   async resume(start: PayStart, firstAnswer: UpstreamResponse): Promise<PayOutcome> {
     const { req, parent, policy, session } = start
@@ -505,7 +514,7 @@ export class PaymentEngine {
       try {
         const sending = plan.deliver(req, auth, rec.id)
         // The only payment under way: its ledger record is signed while the retry is on the wire.
-        if (attempt === 1 && this.inFlight.size === 1) this.d.outbox.signAhead(ledgerEntryOf(rec, plan.protocol))
+        if (attempt === 1 && this.inFlight.size === 1) this.signLedgerAhead(rec, plan.protocol)
         d = await sending
       } catch (e) {
         d = { kind: 'transient', response: null, error: (e as Error).message }

@@ -72,10 +72,19 @@ for (const kind of ['v2', 'v1', 'simple', 'accepts'] as const) {
 
 t.test('the ledger record of a lone payment is signed while the paid retry is on the wire, once, and that is the transaction on chain', async (t) => {
   const { m } = await merchant('v2')
-  const outbox = gw.gw.outbox as unknown as { signAhead(e: unknown): void; writer: { sign(e: unknown, n: bigint): { raw: Hex; hash: Hex } } }
+  const outbox = gw.gw.outbox as unknown as {
+    signAhead(e: unknown): void
+    record(...a: unknown[]): Promise<Hex>
+    writer: { sign(e: unknown, n: bigint): { raw: Hex; hash: Hex } }
+  }
   const ahead = outbox.signAhead.bind(outbox)
+  const record = outbox.record.bind(outbox)
   const sign = outbox.writer.sign.bind(outbox.writer)
-  const calls = { ahead: 0, signs: [] as Hex[] }
+  const calls = { ahead: 0, signs: [] as Hex[], signsBeforeRecord: -1 }
+  outbox.record = (...a) => {
+    calls.signsBeforeRecord = calls.signs.length
+    return record(...a)
+  }
   outbox.signAhead = (e) => {
     calls.ahead++
     ahead(e)
@@ -87,11 +96,13 @@ t.test('the ledger record of a lone payment is signed while the paid retry is on
   }
   t.teardown(() => {
     outbox.signAhead = ahead
+    outbox.record = record
     outbox.writer.sign = sign
   })
   const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })
   t.equal(r.status, 200, r.text)
-  t.equal(calls.ahead, 1, 'signed ahead')
+  t.equal(calls.ahead, 1, 'asked to sign ahead')
+  t.equal(calls.signsBeforeRecord, 1, 'the record was already signed when the paid answer came to be recorded')
   t.same(calls.signs, [r.body.txHash], 'one signature, and its hash is the answer\'s txHash')
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
   t.equal((await pub.getTransactionReceipt({ hash: r.body.txHash })).status, 'success')

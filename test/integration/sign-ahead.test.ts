@@ -9,8 +9,8 @@ import { startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
 /**
  * A lone payment's authorization is signed while its 402 is on the wire when the agent's last
- * payment to the same URL was under the same offer (AheadSigner); used only for that offer,
- * after the policy allows it.
+ * two payments to the same URL were under the same offer (AheadSigner); used only for that
+ * offer, after the policy allows it.
  */
 const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
 t.teardown(() => gw.close())
@@ -53,24 +53,23 @@ async function agent(id: string): Promise<Hex> {
 }
 const pay = (agentId: string, endpoint: string) => gw.api('POST', '/v1/pay', { body: { agentId, endpoint, method: 'GET' } })
 
-t.test('the official v2 merchant: the second payment to a URL uses the authorization signed ahead, and the merchant settles it on chain', async (t) => {
+t.test('the official v2 merchant: the third payment to a URL uses the authorization signed ahead, and the merchant settles it on chain', async (t) => {
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const m: Merchant = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
   t.teardown(() => m.close())
   const wallet = await agent('ahead1')
   const before = await balanceOf(wallet)
   const takes = watchTakes(t)
-  const first = await pay('ahead1', `${m.url}/paid`)
-  t.equal(first.status, 200, first.text)
-  let second: Awaited<ReturnType<typeof pay>> | undefined
+  for (let i = 0; i < 2; i++) t.equal((await pay('ahead1', `${m.url}/paid`)).status, 200)
+  let third: Awaited<ReturnType<typeof pay>> | undefined
   // Signed once: ahead, not again on the paid path.
-  t.equal(await signaturesDuring(async () => (second = await pay('ahead1', `${m.url}/paid`))), 1, 'one signature for the second payment')
-  t.equal(second!.status, 200, second!.text)
-  t.same(takes, [false, true], 'nothing to use the first time; the second payment used the signature made ahead')
-  t.equal(m.stats.settlements, 2, 'the merchant settled both')
-  t.equal(await balanceOf(wallet), before - 2n * PRICE, 'both moved on chain')
-  t.equal(await balanceOf(payTo), 2n * PRICE)
-  const tx = (await gw.api('GET', `/v1/transactions/${second!.body.transactionId}`)).body
+  t.equal(await signaturesDuring(async () => (third = await pay('ahead1', `${m.url}/paid`))), 1, 'one signature for the third payment')
+  t.equal(third!.status, 200, third!.text)
+  t.same(takes, [false, false, true], 'the first two set the plan; the third used the signature made ahead')
+  t.equal(m.stats.settlements, 3, 'the merchant settled all three')
+  t.equal(await balanceOf(wallet), before - 3n * PRICE, 'all moved on chain')
+  t.equal(await balanceOf(payTo), 3n * PRICE)
+  const tx = (await gw.api('GET', `/v1/transactions/${third!.body.transactionId}`)).body
   t.match(tx, { status: 'paid', amountPaid: { usdc: 0.01 } })
 })
 
@@ -79,57 +78,78 @@ t.test('the policy is asked before anything is signed ahead: a payment it refuse
   const m: Merchant = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
   t.teardown(() => m.close())
   await agent('ahead2')
-  t.equal((await pay('ahead2', `${m.url}/paid`)).status, 200)
+  for (let i = 0; i < 2; i++) t.equal((await pay('ahead2', `${m.url}/paid`)).status, 200)
   t.equal((await gw.api('PUT', '/v1/policies/ahead2', { body: { perCallLimit: { usdc: 0.005 } } })).status, 200)
   let refused: Awaited<ReturnType<typeof pay>> | undefined
   t.equal(await signaturesDuring(async () => (refused = await pay('ahead2', `${m.url}/paid`))), 0, 'no signature, ahead or not')
   t.equal(refused!.status, 402)
   t.match(refused!.body, { error: 'policy_violation', reason: 'per_call_limit_exceeded' })
-  t.equal(m.stats.settlements, 1)
+  t.equal(m.stats.settlements, 2)
 })
 
-t.test('a 402 with another offer (the price changed) drops the signature made ahead: the payment is signed for the new offer', async (t) => {
+type Sent = { authorization: Record<string, string>; signature: Hex }
+/**
+ * A minimal x402 v2 target: 402 with PAYMENT-REQUIRED at `offer.price` (its resource described by
+ * `offer.description`), 200 to any PAYMENT-SIGNATURE, which it keeps (decoded) in `sent`.
+ */
+async function v2Target(t: Test, offer: { price: bigint; description: string }): Promise<{ url: string; sent: Sent[] }> {
   const payTo = privateKeyToAccount(generatePrivateKey()).address
-  let price = 1000n
-  const sent: { authorization: Record<string, string>; signature: Hex }[] = []
+  const sent: Sent[] = []
   const server = createServer((req, res) => {
     const sig = req.headers['payment-signature']
     if (typeof sig === 'string') {
-      sent.push((JSON.parse(Buffer.from(sig, 'base64').toString()) as { payload: (typeof sent)[number] }).payload)
+      sent.push((JSON.parse(Buffer.from(sig, 'base64').toString()) as { payload: Sent }).payload)
       res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}')
       return
     }
     const { port } = server.address() as AddressInfo
-    const accepts = [{ scheme: 'exact', network: `eip155:${info.chainId}`, amount: String(price), asset: info.token, payTo, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }]
-    const required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url: `http://127.0.0.1:${port}/paid` }, accepts })).toString('base64')
+    const accepts = [{ scheme: 'exact', network: `eip155:${info.chainId}`, amount: String(offer.price), asset: info.token, payTo, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }]
+    const required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url: `http://127.0.0.1:${port}/paid`, description: offer.description }, accepts })).toString('base64')
     res.writeHead(402, { 'payment-required': required, 'content-type': 'application/json' }).end('{}')
   })
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
   t.teardown(() => new Promise<void>((r) => server.close(() => r())))
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/paid`
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/paid`, sent }
+}
+
+t.test('a 402 with another offer (the price changed) drops the signature made ahead: the payment is signed for the new offer', async (t) => {
+  const offer = { price: 1000n, description: 'priced' }
+  const { url, sent } = await v2Target(t, offer)
   const wallet = await agent('ahead3')
   const takes = watchTakes(t)
-  t.equal((await pay('ahead3', url)).status, 200)
-  price = 2500n
-  let second: Awaited<ReturnType<typeof pay>> | undefined
-  t.equal(await signaturesDuring(async () => (second = await pay('ahead3', url))), 2, 'signed ahead for the old offer, then for the new one')
-  t.equal(second!.status, 200, second!.text)
-  t.same(takes, [false, false], 'the signature made ahead was not used')
-  t.same(second!.body.amountPaid, { usdc: 0.0025 })
-  const auth = sent[1]!.authorization
+  for (let i = 0; i < 2; i++) t.equal((await pay('ahead3', url)).status, 200)
+  offer.price = 2500n
+  let third: Awaited<ReturnType<typeof pay>> | undefined
+  t.equal(await signaturesDuring(async () => (third = await pay('ahead3', url))), 2, 'signed ahead for the old offer, then for the new one')
+  t.equal(third!.status, 200, third!.text)
+  t.same(takes, [false, false, false], 'the signature made ahead was not used')
+  t.same(third!.body.amountPaid, { usdc: 0.0025 })
+  const auth = sent[2]!.authorization
   t.equal(auth.value, '2500', 'the authorization sent is for the new price')
   const signer = await recoverTypedDataAddress({
     domain: { name: 'USD Coin', version: '2', chainId: info.chainId, verifyingContract: info.token },
     types: { TransferWithAuthorization: [{ name: 'from', type: 'address' }, { name: 'to', type: 'address' }, { name: 'value', type: 'uint256' }, { name: 'validAfter', type: 'uint256' }, { name: 'validBefore', type: 'uint256' }, { name: 'nonce', type: 'bytes32' }] },
     primaryType: 'TransferWithAuthorization',
     message: { from: auth.from as Hex, to: auth.to as Hex, value: BigInt(auth.value!), validAfter: BigInt(auth.validAfter!), validBefore: BigInt(auth.validBefore!), nonce: auth.nonce as Hex },
-    signature: sent[1]!.signature,
+    signature: sent[2]!.signature,
   })
   t.equal(signer.toLowerCase(), wallet.toLowerCase(), 'signed by the agent wallet')
-  t.not(sent[1]!.authorization.nonce, sent[0]!.authorization.nonce)
+  t.not(sent[2]!.authorization.nonce, sent[1]!.authorization.nonce)
 })
 
-t.test('through the proxy (absolute-form HTTP): the second payment to a URL uses the authorization signed ahead', async (t) => {
+t.test('a target whose offers are too long to be kept (a 402 text over 8 KiB) is never signed for ahead: one signature per payment', async (t) => {
+  const { url } = await v2Target(t, { price: 1000n, description: 'x'.repeat(9000) })
+  await agent('ahead5')
+  const takes = watchTakes(t)
+  for (let i = 0; i < 3; i++) {
+    let r: Awaited<ReturnType<typeof pay>> | undefined
+    t.equal(await signaturesDuring(async () => (r = await pay('ahead5', url))), 1, `payment ${i + 1}: signed once`)
+    t.equal(r!.status, 200, r!.text)
+  }
+  t.same(takes, [false, false, false])
+})
+
+t.test('through the proxy (absolute-form HTTP): the third payment to a URL uses the authorization signed ahead', async (t) => {
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const m: Merchant = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
   t.teardown(() => m.close())
@@ -146,9 +166,8 @@ t.test('through the proxy (absolute-form HTTP): the second payment to a URL uses
       req.end()
     })
   const takes = watchTakes(t)
-  t.equal(await viaProxy(`${m.url}/paid`), 200)
-  t.equal(await viaProxy(`${m.url}/paid`), 200)
-  t.same(takes, [false, true], 'the second payment used the signature made ahead')
-  t.equal(m.stats.settlements, 2, 'the merchant settled both')
-  t.equal(await balanceOf(payTo), 2n * PRICE)
+  for (let i = 0; i < 3; i++) t.equal(await viaProxy(`${m.url}/paid`), 200)
+  t.same(takes, [false, false, true], 'the third payment used the signature made ahead')
+  t.equal(m.stats.settlements, 3, 'the merchant settled all three')
+  t.equal(await balanceOf(payTo), 3n * PRICE)
 })
