@@ -40,9 +40,10 @@ const NEVER_STORED: ReadonlySet<string> = new Set(['internal_error', 'unavailabl
 
 /**
  * For any caller of `engine.pay`: `upstream_unreachable` means no authorization was stored or
- * sent (one signed ahead, see AheadSigner, is dropped unused), so nothing can have been paid. The engine raises it only for its unpaid sends (the first request, a
- * refetched 402, a session call); a failed send of a payment is a retried delivery that ends
- * in `payment_failed`. Such an error is not stored: the same key runs again.
+ * sent (one signed ahead, see AheadSigner, is dropped unused), so nothing can have been paid.
+ * The engine raises it only for its unpaid sends (the first request, a refetched 402, a
+ * session call); a failed send of a payment is a retried delivery that ends in
+ * `payment_failed`. Such an error is not stored: the same key runs again.
  */
 export const unreached = (e: PaygateError): boolean => e.code === 'upstream_unreachable'
 

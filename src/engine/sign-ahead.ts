@@ -31,9 +31,9 @@ export class AheadSigner {
   constructor(private readonly d: { policies: PolicyStore; wallets: Wallets; clock: Clock; busy: () => boolean }) {}
 
   /**
-   * The plan a payment to `url` is made under: once two payments in a row had the same one, the
-   * next payment there may be signed ahead with it. x402 plans only: their adapter keeps one plan per offer, so a match can happen (the
-   * nonce is the payer's own; no session is sold).
+   * The plan a payment to `url` is made under: once two payments in a row had the same one,
+   * the next payment there may be signed ahead with it. x402 plans only: their adapter keeps
+   * one plan per offer, so a match can happen (the nonce is the payer's own; no session is sold).
    */
   planned(agentId: string, url: string, plan: Plan): void {
     if (plan.protocol !== 'x402' || !plan.signsLocally || !plan.fromWallet || !plan.prepare || plan.fixedNonce) return
