@@ -1,7 +1,6 @@
 import type { Test } from 'tap'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { OffsetClock } from '../../src/util/clock.js'
-import { startTestGateway, type ApiResult, type TestGateway } from './gateway.js'
+import { startTestGateway, testChain, type ApiResult, type TestGateway } from './gateway.js'
 import { startV2Merchant, type Merchant } from './merchants.js'
 
 /**
@@ -13,15 +12,7 @@ export async function clockedPayer(t: Test, agentId: string): Promise<{ gw: Test
   const clock = new OffsetClock()
   const gw = await startTestGateway({ clock })
   t.teardown(() => gw.close())
-  const info = (await gw.api('GET', '/v1/chain')).body
-  const facilitatorKey = generatePrivateKey()
-  await gw.gw.chain.publicClient.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'] as never })
-  const m = await startV2Merchant({
-    chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token },
-    facilitatorKey,
-    payTo: privateKeyToAccount(generatePrivateKey()).address,
-    price: 10_000n,
-  })
+  const m = await startV2Merchant(await (await testChain(gw)).merchantOptions(10_000n))
   t.teardown(() => m.close())
   await gw.api('POST', '/v1/agents', { body: { agentId } })
   await gw.api('POST', '/v1/wallets', { body: { agentId } })

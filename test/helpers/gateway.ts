@@ -10,6 +10,7 @@ import { loadConfig, type Config } from '../../src/config/load.js'
 import { startGateway, type Gateway, type GatewayOptions } from '../../src/gateway.js'
 import { createLogger } from '../../src/log/index.js'
 import type { Clock } from '../../src/util/clock.js'
+import type { MerchantOptions } from './merchants.js'
 
 export interface ApiResult {
   status: number
@@ -99,19 +100,25 @@ export async function startTestGateway(
 
 /**
  * The gateway's chain as the payment tests use it: `GET /v1/chain`, a public client on its
- * RPC, token balances, and fresh keys funded with gas (a facilitator settles with one).
+ * RPC, token balances, fresh keys funded with gas (a facilitator settles with one), and the
+ * options of a test merchant on it.
  */
 export async function testChain(gw: TestGateway) {
   const info = (await gw.api('GET', '/v1/chain')).body
   const pub = createPublicClient({ chain: viemChain(info.chainId, info.network, info.rpcUrl), transport: http(info.rpcUrl), pollingInterval: 20 })
+  const fundedKey = async (): Promise<Hex> => {
+    const key = generatePrivateKey()
+    await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(key).address, '0x56bc75e2d63100000'] as never })
+    return key
+  }
   return {
     info,
     pub,
     balanceOf: (a: Hex): Promise<bigint> => pub.readContract({ address: info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [a] }),
-    async fundedKey(): Promise<Hex> {
-      const key = generatePrivateKey()
-      await pub.request({ method: 'anvil_setBalance' as never, params: [privateKeyToAccount(key).address, '0x56bc75e2d63100000'] as never })
-      return key
+    fundedKey,
+    /** Options for an x402 test merchant on this chain at `price`: a fresh facilitator funded with gas, paying a fresh address. */
+    async merchantOptions(price: bigint): Promise<MerchantOptions> {
+      return { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo: privateKeyToAccount(generatePrivateKey()).address, price }
     },
   }
 }

@@ -2,7 +2,6 @@ import t, { type Test } from 'tap'
 import { createServer, request as httpRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { brotliCompressSync, deflateRawSync, deflateSync, gzipSync } from 'node:zlib'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
@@ -12,7 +11,7 @@ import { startV2Merchant, type Merchant } from '../helpers/merchants.js'
  */
 const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
 t.teardown(() => gw.close())
-const { info, fundedKey } = await testChain(gw)
+const { merchantOptions } = await testChain(gw)
 await gw.api('POST', '/v1/agents', { body: { agentId: 'edge' } })
 await gw.api('POST', '/v1/wallets', { body: { agentId: 'edge' } })
 
@@ -136,8 +135,7 @@ t.test('an unpaid answer that is too large or cut off is an error naming it, not
  * is replaced by `spoil`, after the merchant has settled.
  */
 async function spoiledMerchant(t: Test, spoil: (res: ServerResponse, headers: Record<string, string>) => void): Promise<{ url: string; m: Merchant }> {
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const m = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
+  const m = await startV2Merchant(await merchantOptions(PRICE))
   t.teardown(() => m.close())
   const front = await serve((req, res) => {
     const up = httpRequest(m.url + req.url, { method: req.method, headers: req.headers }, (answer) => {

@@ -19,7 +19,7 @@ import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merc
 const clock = new OffsetClock()
 const gw = await startTestGateway({ clock, env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_PAY_TIMEOUT_MS: '800' } })
 t.teardown(() => gw.close())
-const { info, pub, balanceOf, fundedKey } = await testChain(gw)
+const { info, pub, balanceOf, fundedKey, merchantOptions } = await testChain(gw)
 const PRICE = 10_000n
 
 let n = 0
@@ -54,8 +54,7 @@ async function settleLate(transactionId: string): Promise<void> {
 
 for (const kind of ['v2', 'v1'] as const) {
   t.test(`the official ${kind} merchant's route answers 404 after a valid payment: not settled, so not paid; held; a late settlement is recorded`, async (t) => {
-    const payTo = privateKeyToAccount(generatePrivateKey()).address
-    const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE }
+    const opts = await merchantOptions(PRICE)
     const m: Merchant = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
     t.teardown(() => m.close())
     const a = await agent()

@@ -1,6 +1,5 @@
 import t from 'tap'
 import { type Hex } from 'viem'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
@@ -11,7 +10,7 @@ import { startSpecMerchant, startV1Merchant, startV2Merchant, type Merchant, typ
 /** Real merchants (official x402 v2 and v1 packages, and the spec shapes) on the embedded chain (id 84532). */
 const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_PAY_TIMEOUT_MS: '1500' } })
 t.teardown(() => gw.close())
-const { info, pub, balanceOf, fundedKey } = await testChain(gw)
+const { info, pub, balanceOf, merchantOptions } = await testChain(gw)
 
 const PRICE = 10_000n // 0.01 USDC
 const merchants: Merchant[] = []
@@ -19,12 +18,10 @@ t.teardown(async () => {
   for (const m of merchants) await m.close()
 })
 async function merchant(kind: 'v1' | 'v2' | 'simple' | 'accepts', extra: Partial<MerchantOptions> = {}): Promise<{ m: Merchant; payTo: Hex }> {
-  const facilitatorKey = await fundedKey()
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const opts: MerchantOptions = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: PRICE, ...extra }
+  const opts: MerchantOptions = { ...(await merchantOptions(PRICE)), ...extra }
   const m = kind === 'v2' ? await startV2Merchant(opts) : kind === 'v1' ? await startV1Merchant(opts) : await startSpecMerchant({ ...opts, shape: kind })
   merchants.push(m)
-  return { m, payTo }
+  return { m, payTo: opts.payTo }
 }
 async function agent(id: string, policy?: object): Promise<string> {
   const key = (await gw.api('POST', '/v1/agents', { body: { agentId: id } })).body.apiKey

@@ -6,7 +6,6 @@ import { join } from 'node:path'
 import { createServer as createTlsServer } from 'node:tls'
 import { promisify } from 'node:util'
 import { ProxyAgent, request } from 'undici'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { CertificateAuthority } from '../../src/proxy/ca.js'
 import { BodyFramer, headEnd, parseResponseHead, responseFraming } from '../../src/proxy/http1.js'
 import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
@@ -32,19 +31,14 @@ const caPem = (await gw.api('GET', '/v1/ca.pem', { key: null })).text
 const caFile = join(dir, 'paygate-ca.pem')
 writeFileSync(caFile, caPem)
 const proxyPort = Number(new URL(gw.gw.proxyUrl).port)
-const { info, fundedKey } = await testChain(gw)
+const { merchantOptions } = await testChain(gw)
 
 const closers: (() => Promise<unknown>)[] = []
 t.teardown(async () => {
   for (const c of closers.reverse()) await c()
 })
 
-const m = await startV2Merchant({
-  chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token },
-  facilitatorKey: await fundedKey(),
-  payTo: privateKeyToAccount(generatePrivateKey()).address,
-  price: 5_000n,
-})
+const m = await startV2Merchant(await merchantOptions(5_000n))
 closers.push(() => m.close())
 // A TLS front for the merchant, certified by the targets' CA (which the gateway trusts).
 const front = createTlsServer(upstreamCa.leafFor('127.0.0.1'), (s) => {

@@ -5,7 +5,6 @@ import { join } from 'node:path'
 import { rootCertificates } from 'node:tls'
 import { promisify } from 'node:util'
 import { type Hex } from 'viem'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { testChain } from '../helpers/gateway.js'
 import { interceptionTestbed } from '../helpers/tls-front.js'
 import { startV1Merchant, startV2Merchant } from '../helpers/merchants.js'
@@ -20,7 +19,7 @@ import { runCli } from '../helpers/process.js'
  */
 const run = promisify(execFile)
 const { dir, gw, caFile, proxyPort, closers, httpsOf } = await interceptionTestbed(t)
-const { info, balanceOf, fundedKey } = await testChain(gw)
+const { balanceOf, merchantOptions } = await testChain(gw)
 
 interface Shop {
   kind: 'v1' | 'v2'
@@ -29,12 +28,10 @@ interface Shop {
 }
 
 async function merchant(kind: 'v1' | 'v2'): Promise<Shop> {
-  const facilitatorKey = await fundedKey()
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: 5_000n }
+  const opts = await merchantOptions(5_000n)
   const m = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
   closers.push(() => m.close())
-  return { kind, https: await httpsOf(m), payTo }
+  return { kind, https: await httpsOf(m), payTo: opts.payTo }
 }
 
 const agentKey = (await gw.api('POST', '/v1/agents', { body: { agentId: 'cl' } })).body.apiKey as string

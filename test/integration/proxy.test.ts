@@ -5,7 +5,6 @@ import { type AddressInfo } from 'node:net'
 import { promisify } from 'node:util'
 import { ProxyAgent, request } from 'undici'
 import { type Hex } from 'viem'
-import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { interceptionTestbed } from '../helpers/tls-front.js'
 import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
@@ -27,15 +26,13 @@ function absoluteForm(url: string, headers: Record<string, string>): Promise<{ s
 
 /** Unmodified clients pay through the proxy: HTTPS intercepted, loopback merchants behind TLS. */
 const { upstreamCaFile, gw, caFile, proxyPort, closers, httpsOf } = await interceptionTestbed(t)
-const { info, balanceOf, fundedKey } = await testChain(gw)
+const { balanceOf, merchantOptions } = await testChain(gw)
 
 async function merchant(kind: 'v1' | 'v2'): Promise<{ m: Merchant; https: string; payTo: Hex }> {
-  const facilitatorKey = await fundedKey()
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const opts = { chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey, payTo, price: 5_000n }
+  const opts = await merchantOptions(5_000n)
   const m = kind === 'v2' ? await startV2Merchant(opts) : await startV1Merchant(opts)
   closers.push(() => m.close())
-  return { m, https: await httpsOf(m), payTo }
+  return { m, https: await httpsOf(m), payTo: opts.payTo }
 }
 
 const agentKey = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px' } })).body.apiKey as string

@@ -14,8 +14,16 @@ import { startV2Merchant, type Merchant } from '../helpers/merchants.js'
  */
 const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
 t.teardown(() => gw.close())
-const { info, balanceOf, fundedKey } = await testChain(gw)
+const { info, balanceOf, merchantOptions } = await testChain(gw)
 const PRICE = 10_000n
+
+/** The official @x402/express merchant at PRICE, closed after the test. */
+async function v2Merchant(t: Test): Promise<{ m: Merchant; payTo: Hex }> {
+  const opts = await merchantOptions(PRICE)
+  const m = await startV2Merchant(opts)
+  t.teardown(() => m.close())
+  return { m, payTo: opts.payTo }
+}
 
 const engine = gw.gw.engine as unknown as { aheadSigner: { take(...a: unknown[]): unknown } }
 /** What the engine's look-ups for a signature made ahead returned, in order: true when one was used. */
@@ -54,9 +62,7 @@ async function agent(id: string): Promise<Hex> {
 const pay = (agentId: string, endpoint: string) => gw.api('POST', '/v1/pay', { body: { agentId, endpoint, method: 'GET' } })
 
 t.test('the official v2 merchant: the third payment to a URL uses the authorization signed ahead, and the merchant settles it on chain', async (t) => {
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const m: Merchant = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
-  t.teardown(() => m.close())
+  const { m, payTo } = await v2Merchant(t)
   const wallet = await agent('ahead1')
   const before = await balanceOf(wallet)
   const takes = watchTakes(t)
@@ -74,9 +80,7 @@ t.test('the official v2 merchant: the third payment to a URL uses the authorizat
 })
 
 t.test('the policy is asked before anything is signed ahead: a payment it refuses is never signed', async (t) => {
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const m: Merchant = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
-  t.teardown(() => m.close())
+  const { m } = await v2Merchant(t)
   await agent('ahead2')
   for (let i = 0; i < 2; i++) t.equal((await pay('ahead2', `${m.url}/paid`)).status, 200)
   t.equal((await gw.api('PUT', '/v1/policies/ahead2', { body: { perCallLimit: { usdc: 0.005 } } })).status, 200)
@@ -150,9 +154,7 @@ t.test('a target whose offers are too long to be kept (a 402 text over 8 KiB) is
 })
 
 t.test('through the proxy (absolute-form HTTP): the third payment to a URL uses the authorization signed ahead', async (t) => {
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
-  const m: Merchant = await startV2Merchant({ chain: { rpcUrl: info.rpcUrl, chainId: info.chainId, token: info.token }, facilitatorKey: await fundedKey(), payTo, price: PRICE })
-  t.teardown(() => m.close())
+  const { m, payTo } = await v2Merchant(t)
   const key = (await gw.api('POST', '/v1/agents', { body: { agentId: 'ahead4' } })).body.apiKey as string
   await gw.api('POST', '/v1/wallets', { body: { agentId: 'ahead4' } })
   const proxy = new URL(gw.gw.proxyUrl)
