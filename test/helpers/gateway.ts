@@ -1,3 +1,4 @@
+import type { Test } from 'tap'
 import { mkdtempSync, rmSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -9,6 +10,7 @@ import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { loadConfig, type Config } from '../../src/config/load.js'
 import { startGateway, type Gateway, type GatewayOptions } from '../../src/gateway.js'
 import { createLogger } from '../../src/log/index.js'
+import { Store } from '../../src/store/index.js'
 import type { Clock } from '../../src/util/clock.js'
 import type { MerchantOptions } from './merchants.js'
 
@@ -44,6 +46,24 @@ process.once('exit', () => {
 export const tempDir = (prefix = 'paygate-test-'): string => {
   const d = mkdtempSync(join(tmpdir(), prefix))
   madeDirs.push(d)
+  return d
+}
+
+/** A Store (LevelDB and its log) in a fresh temp dir, closed and the dir removed when test `t` ends. */
+export async function testStore(t: Test, prefix?: string): Promise<{ store: Store; dir: string }> {
+  const dir = tempDir(prefix)
+  const store = await Store.open(dir)
+  t.teardown(async () => {
+    await store.close()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  return { store, dir }
+}
+
+/** A temp dir removed when test `t` ends (and, as every temp dir, at exit at the latest). */
+export function testDir(t: Test, prefix?: string): string {
+  const d = tempDir(prefix)
+  t.teardown(() => rmSync(d, { recursive: true, force: true }))
   return d
 }
 

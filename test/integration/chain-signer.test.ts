@@ -1,12 +1,10 @@
 import t from 'tap'
-import { rmSync } from 'node:fs'
 import { generatePrivateKey } from 'viem/accounts'
-import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { startTestGateway, testDir } from '../helpers/gateway.js'
 
 /** The embedded chain's ledger was deployed by the first start's signer: another signer cannot record, and start-up says so. */
 t.test('the embedded chain started with another chain.signerKey warns that ledger records will fail', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const warned = (logs: string[]) => logs.some((l) => l.includes('"level":"warn"') && l.includes('not a recorder on the ledger'))
 
   const first = await startTestGateway({ dataDir })

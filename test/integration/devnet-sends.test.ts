@@ -4,23 +4,16 @@
  * rebuilt from the journal alone (as after a SIGKILL) holding the same blocks.
  */
 import t, { type Test } from 'tap'
-import { copyFileSync, mkdirSync, readdirSync, rmSync } from 'node:fs'
+import { copyFileSync, mkdirSync, readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 
 const CHAIN_ID = 31337
 /** A chain's data dir and one for a copy of its files, removed after the test. */
-function dirs(t: Test): { dir: string; copy: string } {
-  const d = { dir: tempDir('paygate-devnet-'), copy: tempDir('paygate-devnet-copy-') }
-  t.teardown(() => {
-    rmSync(d.dir, { recursive: true, force: true })
-    rmSync(d.copy, { recursive: true, force: true })
-  })
-  return d
-}
+const dirs = (t: Test): { dir: string; copy: string } => ({ dir: testDir(t, 'paygate-devnet-'), copy: testDir(t, 'paygate-devnet-copy-') })
 const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000 })
 
 t.test('one round trip for a run of transactions; a chain replayed from the journal has the same blocks', async (t) => {

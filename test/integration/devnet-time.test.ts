@@ -4,11 +4,11 @@
  * when that block is stale (journalled like any block), and no block is mined while nothing asks.
  */
 import t, { type Test } from 'tap'
-import { copyFileSync, mkdirSync, readdirSync, rmSync } from 'node:fs'
+import { copyFileSync, mkdirSync, readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Hex } from 'viem'
 import { startDevnet, type Devnet } from '../../src/chain/devnet.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 
 const CHAIN_ID = 31337
 /** Creation code that returns block.timestamp: TIMESTAMP PUSH0 MSTORE PUSH1 32 PUSH0 RETURN. */
@@ -16,14 +16,8 @@ const TIMESTAMP_CODE = '0x425f5260205ff3'
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 const nowS = (): number => Math.floor(Date.now() / 1000)
 
-function dirs(t: Test): { dir: string; copy: string } {
-  const d = { dir: tempDir('paygate-devnet-time-'), copy: tempDir('paygate-devnet-time-copy-') }
-  t.teardown(() => {
-    rmSync(d.dir, { recursive: true, force: true })
-    rmSync(d.copy, { recursive: true, force: true })
-  })
-  return d
-}
+/** A chain's data dir and one for a copy of its files, removed after the test. */
+const dirs = (t: Test): { dir: string; copy: string } => ({ dir: testDir(t, 'paygate-devnet-time-'), copy: testDir(t, 'paygate-devnet-time-copy-') })
 /** A fresh block is one at most 1 s (of chain time) old: short, so the test need not idle long. */
 const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000, freshBlockMs: 1000 })
 const blockNumber = async (c: Devnet): Promise<number> => Number(await c.request({ method: 'eth_blockNumber' }))

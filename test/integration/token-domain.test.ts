@@ -7,7 +7,7 @@ import { deployContracts, viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { startDevnet } from '../../src/chain/devnet.js'
 import { PaygateError } from '../../src/errors/index.js'
-import { startTestGateway, tempDir } from '../helpers/gateway.js'
+import { startTestGateway, tempDir, testDir } from '../helpers/gateway.js'
 import { startSpecMerchant } from '../helpers/merchants.js'
 
 /**
@@ -111,8 +111,7 @@ for (const [kind, token] of Object.entries(tokens)) {
 }
 
 t.test('a chain token that answers neither eip712Domain() nor name()/version() stops the start', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   // A contract, but no token: the ledger.
   const signer = privateKeyToAccount(await fundedKey())
   const { ledger } = await deployContracts(pub, createWalletClient({ chain, transport: http(ext.rpcUrl), account: signer }), signer, { token: false })

@@ -9,7 +9,7 @@ import { startDevnet } from '../../src/chain/devnet.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { viemChain } from '../../src/chain/chain.js'
 import { alive, freeze } from '../helpers/freeze.js'
-import { tempDir } from '../helpers/gateway.js'
+import { tempDir, testDir } from '../helpers/gateway.js'
 import { call, runCli, spawnGateway, type GatewayProcess } from '../helpers/process.js'
 
 const logsOf = (g: GatewayProcess) => g.stdout.map((l) => JSON.parse(l) as Record<string, any>)
@@ -25,8 +25,7 @@ async function goneWithin(pids: number[], ms: number): Promise<boolean> {
 }
 
 t.test('contracts deployed once; balances and acknowledged changes survive SIGTERM and SIGKILL; no child outlives Paygate', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const chain1 = (await call(first.url, 'GET', '/v1/chain', acct)).body
@@ -66,8 +65,7 @@ t.test('contracts deployed once; balances and acknowledged changes survive SIGTE
 })
 
 t.test('a wrong master key refuses to start', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const g = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   await call(g.url, 'POST', '/v1/agents', acct, { agentId: 'm' })
@@ -180,8 +178,7 @@ async function timed(url: string, method: string, path: string, key: string | nu
 }
 
 t.test('embedded chain: /readyz answers promptly with anvil frozen; an anvil killed under Paygate is logged and fails calls at once', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const g = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   t.teardown(() => g.stop('SIGKILL'))
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { readFileSync, rmSync } from 'node:fs'
+import { readFileSync } from 'node:fs'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
@@ -7,7 +7,7 @@ import { createPublicClient, createWalletClient, http, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 import { call, spawnGateway } from '../helpers/process.js'
 
 /**
@@ -16,8 +16,7 @@ import { call, spawnGateway } from '../helpers/process.js'
  * with the process) and never pays again.
  */
 t.test('a request cut off by SIGKILL after settlement: the same idempotencyKey returns the payment, never a second one', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const env = { PAYGATE_DATA_DIR: dataDir, PAYGATE_PAY_TIMEOUT_MS: '20000' }
   const first = await spawnGateway(env)
   t.teardown(() => first.stop('SIGKILL'))

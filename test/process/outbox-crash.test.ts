@@ -1,16 +1,15 @@
 import t from 'tap'
-import { readFileSync, rmSync } from 'node:fs'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { createPublicClient, http, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { viemChain } from '../../src/chain/chain.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 import { startV2Merchant } from '../helpers/merchants.js'
 import { call, spawnGateway } from '../helpers/process.js'
 
 t.test('SIGKILL right after payments: after restart every ledger record reaches the chain with the same txHash', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(first.url, 'GET', '/v1/chain', acct)).body

@@ -1,13 +1,12 @@
 import t from 'tap'
-import { readFileSync, rmSync, statSync } from 'node:fs'
+import { readFileSync, statSync } from 'node:fs'
 import { join } from 'node:path'
 import { randomBase62 } from '../../src/util/random.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 import { call, spawnGateway } from '../helpers/process.js'
 
 t.test('agents, keys and policies survive SIGTERM and restart; revoked stays revoked', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   const keyFile = join(dataDir, 'account-key')
   t.equal(statSync(keyFile).mode & 0o777, 0o600, 'account key file is 0600')
@@ -37,8 +36,7 @@ t.test('agents, keys and policies survive SIGTERM and restart; revoked stays rev
 })
 
 t.test('acknowledged changes survive SIGKILL', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   for (let i = 0; i < 20; i++) t.equal((await call(first.url, 'POST', '/v1/agents', acct, { agentId: `k${i}` })).status, 201)
@@ -51,8 +49,7 @@ t.test('acknowledged changes survive SIGKILL', async (t) => {
 })
 
 t.test('a revoked bootstrap key stays revoked after a restart: a new account key replaces it in the file', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const keyFile = join(dataDir, 'account-key')
   const envKey = `rp_live_${randomBase62(40)}`
   const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_ACCOUNT_KEY: envKey })

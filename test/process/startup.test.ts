@@ -1,15 +1,14 @@
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
-import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createServer as createNetServer, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 import { call, runCli, spawnGateway } from '../helpers/process.js'
 
 t.test('a bad config value stops the start with a clear message and no stack', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: 'eighty' }, [])
   t.equal(r.code, 2)
   t.match(r.stderr, /api\.port = "eighty"/)
@@ -31,13 +30,11 @@ function cmdlineHas(pid: string, text: string): boolean {
 }
 
 t.test('a port already in use stops the start with a message', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   t.teardown(() => first.stop('SIGKILL'))
   const port = new URL(first.url).port
-  const other = tempDir()
-  t.teardown(() => rmSync(other, { recursive: true, force: true }))
+  const other = testDir(t)
   const r = await runCli({ PAYGATE_DATA_DIR: other, PAYGATE_API_PORT: port }, [])
   t.equal(r.code, 1)
   t.match(r.stderr, new RegExp(`cannot start: api\\.port = ${port}: 127\\.0\\.0\\.1:${port} is already in use \\(EADDRINUSE\\)`))
@@ -47,8 +44,7 @@ t.test('a port already in use stops the start with a message', async (t) => {
   await new Promise<void>((res) => holder.listen(0, '127.0.0.1', res))
   t.teardown(() => new Promise<void>((res) => holder.close(() => res())))
   const taken = (holder.address() as AddressInfo).port
-  const third = tempDir()
-  t.teardown(() => rmSync(third, { recursive: true, force: true }))
+  const third = testDir(t)
   const c = await runCli({ PAYGATE_DATA_DIR: third, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: String(taken) }, [])
   t.equal(c.code, 1)
   t.match(c.stderr, new RegExp(`chain\\.rpcPort = ${taken}: 127\\.0\\.0\\.1:${taken} is already in use`))
@@ -57,8 +53,7 @@ t.test('a port already in use stops the start with a message', async (t) => {
 })
 
 t.test('start prints where everything is; no secret ever reaches the logs', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const envKey = 'rp_live_' + 'E'.repeat(40)
   const masterKey = 'cd'.repeat(32)
   const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_ACCOUNT_KEY: envKey, PAYGATE_MASTER_KEY: masterKey, PAYGATE_LOG_LEVEL: 'trace' })
@@ -96,16 +91,14 @@ t.test('start prints where everything is; no secret ever reaches the logs', asyn
 })
 
 t.test('the sidecar default agent is refused on a non-loopback proxy bind unless forced', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', PAYGATE_PROXY_HOST: '0.0.0.0', PAYGATE_PROXY_DEFAULT_AGENT: 'side' }, [])
   t.equal(r.code, 2)
   t.match(r.stderr, /proxy\.defaultAgent is allowed only when the proxy binds to loopback/)
 })
 
 t.test('the package bin (`paygate`) runs the same CLI: `paygate ca` prints the CA that `npm start -- ca` prints', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const env = { PATH: process.env.PATH ?? '', PAYGATE_DATA_DIR: dataDir, PAYGATE_CERTS_DIR: join(dataDir, 'certs') }
   const bin = fileURLToPath(new URL('../../bin/paygate.js', import.meta.url))
   const viaBin = spawnSync(process.execPath, [bin, 'ca'], { env, encoding: 'utf8', timeout: 60_000 })
@@ -120,8 +113,7 @@ t.test('the package bin (`paygate`) runs the same CLI: `paygate ca` prints the C
 })
 
 t.test('an upstream CA file with no certificate in it stops the start naming the key', async (t) => {
-  const dataDir = tempDir()
-  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }))
+  const dataDir = testDir(t)
   const notPem = join(dataDir, 'not-a-ca.txt')
   writeFileSync(notPem, 'hostname\n')
   const broken = join(dataDir, 'broken.pem')

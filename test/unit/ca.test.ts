@@ -7,7 +7,7 @@ import { TLSSocket, checkServerIdentity, connect, createServer, rootCertificates
 import { CertificateAuthority } from '../../src/proxy/ca.js'
 import { PaygateError } from '../../src/errors/index.js'
 import { ManualClock } from '../../src/util/clock.js'
-import { tempDir as makeTempDir } from '../helpers/gateway.js'
+import { tempDir as makeTempDir, testDir } from '../helpers/gateway.js'
 
 const DAY = 86_400_000
 
@@ -16,8 +16,7 @@ const modeOf = (file: string): number => statSync(file).mode & 0o777
 
 /** Load a fresh CA into a temp dir (removed at teardown). */
 async function freshCa(t: Test, opts: Parameters<typeof CertificateAuthority.load>[1] = {}): Promise<{ dir: string; ca: CertificateAuthority }> {
-  const dir = tempDir()
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-ca-')
   return { dir, ca: await CertificateAuthority.load(dir, opts) }
 }
 
@@ -32,8 +31,7 @@ async function rejectsConfig(t: Test, p: Promise<unknown>, detail: RegExp, msg: 
 }
 
 t.test('first load creates the CA and leaf key; later loads reuse them', async (t) => {
-  const dir = tempDir()
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-ca-')
 
   // Key generation runs off the event loop: a timer keeps firing while the keys are made.
   let ticks = 0
@@ -266,8 +264,7 @@ t.test('broken or partial files stop the load with a clear error', async (t) => 
   const { dir: good } = await freshCa(t)
   const { dir: other } = await freshCa(t)
   const copy = (): string => {
-    const d = tempDir()
-    t.teardown(() => rmSync(d, { recursive: true, force: true }))
+    const d = testDir(t, 'paygate-ca-')
     cpSync(good, d, { recursive: true })
     return d
   }

@@ -1,9 +1,9 @@
 import t from 'tap'
-import { rmSync, writeFileSync } from 'node:fs'
+import { writeFileSync } from 'node:fs'
 import { join, resolve } from 'node:path'
 import { loadConfig } from '../../src/config/load.js'
 import { KEYS, envName } from '../../src/config/keys.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir } from '../helpers/gateway.js'
 
 t.test('an empty environment value is unset: the default applies, also for required keys', async (t) => {
   const defaults = loadConfig({ cwd: '/srv' }).config
@@ -16,8 +16,7 @@ t.test('an empty environment value is unset: the default applies, also for requi
 })
 
 t.test('an empty environment value leaves the config file value in place', async (t) => {
-  const dir = tempDir('paygate-config-env-')
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-config-env-')
   const file = join(dir, 'paygate.json')
   writeFileSync(file, JSON.stringify({ api: { port: 9999 }, log: { level: 'warn' }, proxy: { defaultAgent: 'bot' } }))
   const { config } = loadConfig({ env: { PAYGATE_CONFIG: file, PAYGATE_API_PORT: '', PAYGATE_LOG_LEVEL: '', PAYGATE_PROXY_DEFAULT_AGENT: '' } })

@@ -4,15 +4,10 @@ import { canonicalJson, Idempotency, nothingSigned, unreached } from '../../src/
 import { PaygateError } from '../../src/errors/index.js'
 import { Store } from '../../src/store/index.js'
 import { ManualClock } from '../../src/util/clock.js'
-import { tempDir } from '../helpers/gateway.js'
+import { tempDir, testStore } from '../helpers/gateway.js'
 
 t.test('idempotency keys: replay, conflict, expiry and sweep', async (t) => {
-  const dir = tempDir()
-  const store = await Store.open(dir)
-  t.teardown(async () => {
-    await store.close()
-    rmSync(dir, { recursive: true, force: true })
-  })
+  const { store } = await testStore(t)
   const clock = new ManualClock()
   const idem = new Idempotency(store, clock, 60_000)
   let calls = 0
@@ -31,12 +26,7 @@ t.test('idempotency keys: replay, conflict, expiry and sweep', async (t) => {
 })
 
 t.test('idempotency keys: which errors are kept', async (t) => {
-  const dir = tempDir()
-  const store = await Store.open(dir)
-  t.teardown(async () => {
-    await store.close()
-    rmSync(dir, { recursive: true, force: true })
-  })
+  const { store } = await testStore(t)
   const idem = new Idempotency(store, new ManualClock(), 60_000)
   /** Fails with `err` on the first call, succeeds after; returns how many calls ran. */
   const flaky = (err: PaygateError) => {

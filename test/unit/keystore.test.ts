@@ -1,18 +1,12 @@
 import t from 'tap'
-import { readFileSync, statSync, rmSync } from 'node:fs'
+import { readFileSync, statSync } from 'node:fs'
 import { join } from 'node:path'
 import { Keystore } from '../../src/wallet/keystore.js'
-import { Store } from '../../src/store/index.js'
 import { PaygateError } from '../../src/errors/index.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testStore } from '../helpers/gateway.js'
 
 t.test('master key file, encryption round trip, and a wrong key refused', async (t) => {
-  const dir = tempDir()
-  const store = await Store.open(dir)
-  t.teardown(async () => {
-    await store.close()
-    rmSync(dir, { recursive: true, force: true })
-  })
+  const { store, dir } = await testStore(t)
   const meta = store.collection<string>('meta')
   const first = await Keystore.open(dir, null, meta)
   t.equal(first.source, 'file')

@@ -7,7 +7,7 @@ import { Outbox } from '../../src/ledger/outbox.js'
 import { Transactions, type TxRecord } from '../../src/ledger/transactions.js'
 import type { Logger } from '../../src/log/index.js'
 import { Store } from '../../src/store/index.js'
-import { tempDir } from '../helpers/gateway.js'
+import { tempDir, testDir } from '../helpers/gateway.js'
 import { OffsetClock, type Clock } from '../../src/util/clock.js'
 
 const ZERO: Hex = `0x${'0'.repeat(64)}`
@@ -134,8 +134,7 @@ t.test('a pass sends every waiting record in one call, in nonce order; what the 
 })
 
 t.test('records stored before a restart are sent again and confirmed after it', async (t) => {
-  const dir = tempDir('paygate-outbox-')
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-outbox-')
   const writer = new FakeWriter(() => 9)
   const first = await open(t, writer, dir)
   await record(first, 0, 5)
@@ -156,8 +155,7 @@ t.test('records stored before a restart are sent again and confirmed after it', 
 })
 
 t.test('a backlog longer than what is held in memory waits in the store and goes out in nonce order, also after a restart', async (t) => {
-  const dir = tempDir('paygate-outbox-')
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-outbox-')
   // mined only once `mined` is set: nothing held is confirmed, so no room is freed
   const writer = new FakeWriter((n) => 100 + n)
   const first = await open(t, writer, dir, 5)

@@ -1,24 +1,18 @@
 import t from 'tap'
-import { rmSync } from 'node:fs'
 import { Registry } from '../../src/agents/registry.js'
 import { MppSessions } from '../../src/engine/sessions.js'
 import { PolicyStore } from '../../src/policy/store.js'
-import { Store, type Collection } from '../../src/store/index.js'
+import type { Collection } from '../../src/store/index.js'
 import { systemClock } from '../../src/util/clock.js'
 import { Keystore } from '../../src/wallet/keystore.js'
 import { Wallets } from '../../src/wallet/wallets.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testStore } from '../helpers/gateway.js'
 
 /**
  * Revokes and deletes racing with reads, interleaved deterministically on a real store: a
  * reader is held between its store read and its cache write while the change runs.
  */
-const dir = tempDir('paygate-races-')
-const store = await Store.open(dir)
-t.teardown(async () => {
-  await store.close()
-  rmSync(dir, { recursive: true, force: true })
-})
+const { store, dir } = await testStore(t, 'paygate-races-')
 const registry = new Registry(store, systemClock)
 const policies = new PolicyStore(store, registry, systemClock)
 

@@ -1,14 +1,7 @@
 import t from 'tap'
-import { rmSync } from 'node:fs'
-import { Store } from '../../src/store/index.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testStore } from '../helpers/gateway.js'
 
-const dir = tempDir('paygate-store-')
-const store = await Store.open(dir)
-t.teardown(async () => {
-  await store.close()
-  rmSync(dir, { recursive: true, force: true })
-})
+const { store } = await testStore(t, 'paygate-store-')
 const coll = store.collection<unknown>('things')
 
 t.test('concurrent batches land in call order: the last call wins', async (t) => {

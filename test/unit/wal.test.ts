@@ -4,7 +4,7 @@ import { appendFileSync, readdirSync, readFileSync, rmSync, writeFileSync } from
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Store } from '../../src/store/index.js'
-import { tempDir } from '../helpers/gateway.js'
+import { testDir, testStore } from '../helpers/gateway.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 
@@ -32,19 +32,10 @@ function crashAfterWrites(dir: string, n: number): { signal: string | null; stdo
 const walFiles = (dir: string): string[] => readdirSync(join(dir, 'wal')).sort()
 
 /** A store in a fresh directory, closed and removed when the test ends. */
-async function openTemp(t: Test): Promise<Store> {
-  const dir = tempDir('paygate-wal-')
-  const store = await Store.open(dir)
-  t.teardown(async () => {
-    await store.close()
-    rmSync(dir, { recursive: true, force: true })
-  })
-  return store
-}
+const openTemp = async (t: Test): Promise<Store> => (await testStore(t, 'paygate-wal-')).store
 
 t.test('batches acknowledged before a SIGKILL are replayed from the log at the next open', async (t) => {
-  const dir = tempDir('paygate-wal-')
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-wal-')
   const crash = crashAfterWrites(dir, 300)
   t.equal(crash.signal, 'SIGKILL')
   t.equal(crash.stdout, 'logged\n')
@@ -65,8 +56,7 @@ t.test('batches acknowledged before a SIGKILL are replayed from the log at the n
 })
 
 t.test('a record cut short or failing its checksum ends the replay of its file', async (t) => {
-  const dir = tempDir('paygate-wal-')
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-wal-')
   crashAfterWrites(dir, 20)
   const file = join(dir, 'wal', walFiles(dir)[0]!)
   const intact = readFileSync(file)
@@ -125,8 +115,7 @@ t.test('range reads wait for LevelDB to hold every acknowledged batch', async (t
 })
 
 t.test('full log files are removed once LevelDB holds them; close removes the rest', async (t) => {
-  const dir = tempDir('paygate-wal-')
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const dir = testDir(t, 'paygate-wal-')
   const store = await Store.open(dir, { walMaxBytes: 1024 })
   const c = store.collection<string>('things')
   for (let i = 0; i < 200; i++) await c.put(`k${i}`, 'x'.repeat(100))
