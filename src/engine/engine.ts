@@ -245,12 +245,17 @@ export class PaymentEngine {
     return status !== 402 && start.session === null
   }
 
-  /** Outbox.signAhead for `rec`; never throws (a record that cannot be built fails in paid(), as before). */
-  private signLedgerAhead(rec: TxRecord, protocol: ProtocolName): void {
+  /**
+   * Outbox.signAhead for `rec`, returning the entry for paid() to record; never throws (a
+   * record that cannot be built fails in paid(), as before).
+   */
+  private signLedgerAhead(rec: TxRecord, protocol: ProtocolName): LedgerEntry | undefined {
     try {
-      this.d.outbox.signAhead(ledgerEntryOf(rec, protocol))
+      const entry = ledgerEntryOf(rec, protocol)
+      this.d.outbox.signAhead(entry)
+      return entry
     } catch {
-      // nothing signed ahead
+      return undefined // nothing signed ahead
     }
   }
 
@@ -508,13 +513,15 @@ export class PaymentEngine {
     let code: ErrorCode = 'payment_failed'
     /** An attempt got no definite answer: the target may hold the authorization and redeem it until it expires. */
     let mayRedeem = false
+    /** The ledger entry built to sign it ahead, recorded as it is when paid. */
+    let entry: LedgerEntry | undefined
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
       rec = { ...rec, attempts: attempt }
       let d: Delivery
       try {
         const sending = plan.deliver(req, auth, rec.id)
         // The only payment under way: its ledger record is signed while the retry is on the wire.
-        if (attempt === 1 && this.inFlight.size === 1) this.signLedgerAhead(rec, plan.protocol)
+        if (attempt === 1 && this.inFlight.size === 1) entry = this.signLedgerAhead(rec, plan.protocol)
         d = await sending
       } catch (e) {
         d = { kind: 'transient', response: null, error: (e as Error).message }
@@ -522,9 +529,9 @@ export class PaymentEngine {
       if (d.kind === 'served') {
         // The official x402 servers settle only answers below 400; for any other, the chain says
         // whether the money moved (unless the plan was paid before this answer: mpp/1.0's payment endpoint).
-        if (!onChain || plan.paidWhenServed || d.response.status < 400) return this.paid(rec, d.response, plan)
+        if (!onChain || plan.paidWhenServed || d.response.status < 400) return this.paid(rec, d.response, plan, entry)
         const settled = await this.used(auth).catch(() => null)
-        if (settled === true) return this.paid(rec, d.response, plan)
+        if (settled === true) return this.paid(rec, d.response, plan, entry)
         // Not settled, or the chain cannot say: the target holds a valid authorization it may still
         // redeem, so the reservation stays held until validBefore (the reconciler commits or releases it).
         const why = settled === false ? 'the authorization is not used on chain' : 'the chain could not say whether it settled'
@@ -534,7 +541,7 @@ export class PaymentEngine {
       if (d.kind === 'transient') mayRedeem = true
       // Refused, 5xx or no answer: the chain says whether the money moved.
       used = onChain ? await this.used(auth).catch(() => null) : null
-      if (used === true) return this.paid(rec, d.response ?? lostAnswer(), plan)
+      if (used === true) return this.paid(rec, d.response ?? lostAnswer(), plan, entry)
       last = { response: null, error: d.error }
       if (d.kind === 'refused' && d.code) code = d.code
       if (d.response) {
@@ -548,7 +555,7 @@ export class PaymentEngine {
     // Not paid as far as we know. If nothing can tell (the chain was unreachable, or an
     // off-chain proof got no answer), keep the reservation for the reconciler.
     if (onChain) used = await this.used(auth).catch(() => null)
-    if (used === true) return this.paid(rec, last.response ?? lostAnswer(), plan)
+    if (used === true) return this.paid(rec, last.response ?? lostAnswer(), plan, entry)
     // An on-chain authorization that may have reached the target stays held until validBefore even
     // when the chain says unused now: the target can still settle it (the reconciler then commits it).
     const unknown = onChain ? used === null || (used === false && mayRedeem && expiryMs(auth) > this.d.clock.now()) : !(last.response !== null && last.response.status < 500)
@@ -603,8 +610,11 @@ export class PaymentEngine {
     })
   }
 
-  /** Commit the reservation, write the paid record and its ledger record in one batch, emit events. */
-  async paid(rec: TxRecord, res: UpstreamResponse, plan: Pick<Plan, 'protocol' | 'rail'> & Partial<Pick<Plan, 'settlement'>>): Promise<PayOutcome> {
+  /**
+   * Commit the reservation, write the paid record and its ledger record in one batch, emit
+   * events. `entry`: the ledger entry of `rec` when the caller built it already.
+   */
+  async paid(rec: TxRecord, res: UpstreamResponse, plan: Pick<Plan, 'protocol' | 'rail'> & Partial<Pick<Plan, 'settlement'>>, entry?: LedgerEntry): Promise<PayOutcome> {
     const settlement = plan.settlement?.(res.headers) ?? null
     const now = this.d.clock.now()
     const policy = await this.d.policies.policyOf(rec.agentId)
@@ -618,7 +628,7 @@ export class PaymentEngine {
       const usageOp = this.d.policies.usageOp(rec.agentId, committed)
       const prev = rec
       const pending = this.d.outbox.record(
-        ledgerEntryOf(rec, plan.protocol),
+        entry ?? ledgerEntryOf(rec, plan.protocol),
         rec.id,
         (hash) => {
           const next: TxRecord = {
