@@ -111,7 +111,7 @@ function mppSettings(config: Config): MppSettings {
   for (const [k, v] of Object.entries(config.mpp.methods)) methods[k.toLowerCase()] = v
   const rates: Record<string, string> = {}
   for (const [k, v] of Object.entries(config.mpp.rates)) rates[k.toUpperCase()] = v
-  return { methods, rates, paymentEndpointHosts: config.mpp.paymentEndpointHosts, sessionTtlSeconds: config.mpp.sessionTtlSeconds }
+  return { methods, rates, paymentEndpointHosts: config.mpp.paymentEndpointHosts, sessionTtlSeconds: config.mpp.sessionTtlSeconds, maxAuthorizationSeconds: config.pay.maxAuthorizationSeconds }
 }
 
 /** The composition root: build every component from the config and start the listeners. */
@@ -154,13 +154,13 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const rails = railsOf(config, opts)
     const settings = mppSettings(config)
     const mpp = new MppAdapter(upstream, new MppSessions(store, registry, clock), rails, settings, clock)
-    const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock)
-    const adapters = [new X402Adapter(upstream), mpp, paymentAuth]
+    const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock, config.pay.maxAuthorizationSeconds)
+    const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
     const engine = new PaymentEngine({
       ...{ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log },
       ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment },
     })
-    reconciler = new Reconciler(engine, transactions, clock, log)
+    reconciler = new Reconciler(engine, chain, transactions, clock, log)
     reconciler.start()
     const idempotency = new Idempotency(store, clock, config.pay.idempotencyTtlHours * 3_600_000)
     stopSweeping = idempotency.startSweeping()

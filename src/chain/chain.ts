@@ -195,6 +195,32 @@ export class Chain {
     return BigInt(await this.publicClient.request({ method: 'eth_blockNumber' }).catch(unanswered))
   }
 
+  /**
+   * EIP-3009 `authorizationState` of the token: true once `nonce` of `from` was used (or
+   * canceled); at block `at` when given, else the newest.
+   */
+  async authorizationUsed(from: Address, nonce: Hex, at?: bigint): Promise<boolean> {
+    return this.publicClient.readContract({
+      address: this.info.token,
+      abi: paygateUsdcAbi,
+      functionName: 'authorizationState',
+      args: [from, nonce],
+      ...(at !== undefined ? { blockNumber: at } : {}),
+    })
+  }
+
+  /**
+   * Whether an EIP-3009 authorization valid before `validBefore` (seconds) can be shown unused
+   * for good: 'used', 'unused' (not used in a block at or after validBefore, so never can be),
+   * or 'open' (not used yet, and the chain has not reached validBefore).
+   */
+  async authorizationFate(from: Address, nonce: Hex, validBefore: bigint): Promise<'used' | 'unused' | 'open'> {
+    const head = await this.publicClient.getBlock({ blockTag: 'latest' }).catch(unanswered)
+    const used = await this.authorizationUsed(from, nonce, head.number).catch(unanswered)
+    if (used) return 'used'
+    return head.timestamp >= validBefore ? 'unused' : 'open'
+  }
+
   async balanceOf(address: Address): Promise<bigint> {
     return this.publicClient.readContract({ address: this.info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [address] }).catch(unanswered)
   }

@@ -125,6 +125,13 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'pay.timeoutMs', kind: 'int', min: 100, max: 600_000, doc: 'How long one attempt at the target may take (response headers and each body chunk) before it counts as a transient failure.' },
   { path: 'pay.idempotencyTtlHours', kind: 'int', min: 1, max: 24 * 30, doc: 'How long an idempotency key and its stored result are kept, per agent.' },
   {
+    path: 'pay.maxAuthorizationSeconds',
+    kind: 'int',
+    min: 30,
+    max: 86_400,
+    doc: "Longest validity Paygate signs into an on-chain authorization, whatever the offer asks (a longer `maxTimeoutSeconds` or `expires` is clamped to it). A payment whose outcome is unproven stays reserved until then.",
+  },
+  {
     path: 'mpp.methods',
     kind: 'map',
     check: (v) => (/^[a-z0-9_-]{1,32}$/.test(v) ? null : 'a rail name such as stablecoin, card or lightning'),

@@ -25,7 +25,7 @@ export interface Config {
   }
   /** Dev faucet amounts as decimal strings (USDC, ETH). */
   faucet: { usdc: string; gasEth: string }
-  pay: { timeoutMs: number; idempotencyTtlHours: number }
+  pay: { timeoutMs: number; idempotencyTtlHours: number; maxAuthorizationSeconds: number }
   mpp: {
     methods: Record<string, string>
     rates: Record<string, string>

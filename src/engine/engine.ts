@@ -1,7 +1,6 @@
 import { Readable } from 'node:stream'
 import type { Registry } from '../agents/registry.js'
 import type { Chain } from '../chain/chain.js'
-import { paygateUsdcAbi } from '../chain/contracts/abis.js'
 import { ledgerLocation, recordIdOf, ZERO32, type LedgerEntry } from '../chain/ledger-tx.js'
 import { PaygateError, type ErrorCode } from '../errors/index.js'
 import type { EventBus } from '../events/bus.js'
@@ -26,7 +25,7 @@ import type { MppAdapter } from './adapters/mpp.js'
 import { Balances } from './balances.js'
 import type { Delivery, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './adapters/types.js'
 import { AheadSigner } from './sign-ahead.js'
-import { readBody, unreachable, type Upstream, type UpstreamResponse } from './upstream.js'
+import { bodyDeadline, readBody, unreachable, type Upstream, type UpstreamResponse } from './upstream.js'
 
 export type { PayRequest } from './adapters/types.js'
 
@@ -118,8 +117,8 @@ function ledgerEntryOf(rec: TxRecord, protocol: string): LedgerEntry {
  * offers (offers in headers still are, so a large HTML page never hides them) and is passed
  * on whole (`whole`) when the 402 is not paid, or dropped (`drop`) when it is.
  */
-async function read402(res: UpstreamResponse): Promise<{ answer: HttpAnswer; cut: boolean; whole(): UpstreamResponse; drop(): void }> {
-  const { head, rest } = await collectUpTo(res.body, MAX_402_BODY)
+async function read402(res: UpstreamResponse, deadlineMs: number): Promise<{ answer: HttpAnswer; cut: boolean; whole(): UpstreamResponse; drop(): void }> {
+  const { head, rest } = await collectUpTo(res.body, MAX_402_BODY, undefined, bodyDeadline(deadlineMs)).catch(unreachable)
   return {
     answer: { status: 402, headers: res.headers, body: rest ? Buffer.alloc(0) : head },
     cut: rest !== null,
@@ -218,7 +217,7 @@ export class PaymentEngine {
   async begin(request: PayRequest): Promise<PayStart> {
     const { agentId } = request
     await this.d.registry.requireAgent(agentId)
-    const parent = request.parentTxHash ? await this.parentOf(request.parentTxHash) : null
+    const parent = request.parentTxHash ? await this.parentOf(request.parentTxHash, agentId) : null
     const policy = await this.d.policies.policyOf(agentId)
     return this.started(request, parent, policy, await this.d.mpp.session(agentId, request.url, request.origin))
   }
@@ -274,14 +273,14 @@ export class PaymentEngine {
     }
     if (first.status !== 402) return { response: first, payment: null }
 
-    let got = await read402(first)
+    let got = await read402(first, this.d.upstream.timeoutMs)
     let picked = this.pick(got.answer, req, policy.protocolPreference, true)
     if ('unpaid' in picked && picked.refetch) {
       // Only expired challenges: fetch the 402 again (once) rather than pay a stale one.
       got.drop()
       const again = await this.sendOrUnreachable(req, {})
       if (again.status !== 402) return { response: again, payment: null }
-      got = await read402(again)
+      got = await read402(again, this.d.upstream.timeoutMs)
       picked = this.pick(got.answer, req, policy.protocolPreference, false)
     }
     if ('unpaid' in picked) {
@@ -325,7 +324,10 @@ export class PaymentEngine {
       if (!d.present) continue
       present++
       // Adapters of one protocol (MPP's two shapes) are asked in order; the first payable one wins.
-      if (d.plan) {
+      if (d.plan && d.plan.amount === 0n) {
+        // Nothing to pay, yet paying would sign an authorization and cost a ledger record.
+        problems.push(`an offer of 0 USDC (${adapter.protocol}), which Paygate does not pay`)
+      } else if (d.plan) {
         if (!plans.has(adapter.protocol)) plans.set(adapter.protocol, d.plan)
       } else {
         problems.push(d.why)
@@ -352,9 +354,11 @@ export class PaymentEngine {
     return { response, payment: null, session: { protocol: 'mpp' } }
   }
 
-  private async parentOf(hash: string): Promise<TxRecord> {
+  /** A payment hangs only under the paying agent's own transactions: another agent's tree is not its to grow. */
+  private async parentOf(hash: string, agentId: string): Promise<TxRecord> {
     const p = await this.d.transactions.find(hash)
     if (!p || !p.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { field: 'parentTxHash' })
+    if (p.agentId !== agentId) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a transaction of agent ${agentId}`, { field: 'parentTxHash' })
     return p
   }
 
@@ -511,8 +515,6 @@ export class PaymentEngine {
     let last: { response: UpstreamResponse | null; error: string } = { response: null, error: '' }
     let used: boolean | null = null
     let code: ErrorCode = 'payment_failed'
-    /** An attempt got no definite answer: the target may hold the authorization and redeem it until it expires. */
-    let mayRedeem = false
     /** The ledger entry built to sign it ahead, recorded as it is when paid. */
     let entry: LedgerEntry | undefined
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
@@ -527,9 +529,14 @@ export class PaymentEngine {
         d = { kind: 'transient', response: null, error: (e as Error).message }
       }
       if (d.kind === 'served') {
-        // The official x402 servers settle only answers below 400; for any other, the chain says
-        // whether the money moved (unless the plan was paid before this answer: mpp/1.0's payment endpoint).
-        if (!onChain || plan.paidWhenServed || d.response.status < 400) return this.paid(rec, d.response, plan, entry)
+        // An off-chain proof has no chain to ask: served is paid. An on-chain one is paid when the
+        // answer reports its settlement (x402's PAYMENT-RESPONSE, MPP's receipt) or the chain shows
+        // it used; a 2xx that reports nothing is not proof (the target may settle later, or never).
+        if (!onChain) return this.paid(rec, d.response, plan, entry)
+        if (d.response.status < 400 || plan.paidWhenServed) {
+          const settlement = plan.settlement(d.response.headers)
+          if (settlement?.success) return this.paid(rec, d.response, plan, entry, settlement)
+        }
         const settled = await this.used(auth).catch(() => null)
         if (settled === true) return this.paid(rec, d.response, plan, entry)
         // Not settled, or the chain cannot say: the target holds a valid authorization it may still
@@ -538,29 +545,27 @@ export class PaymentEngine {
         await this.finish(rec, { status: 'unknown', error: `the target answered ${d.response.status} and ${why}`, upstreamStatus: d.response.status }, 'keep')
         return { response: d.response, payment: null, held: { transactionId: rec.id } }
       }
-      if (d.kind === 'transient') mayRedeem = true
       // Refused, 5xx or no answer: the chain says whether the money moved.
       used = onChain ? await this.used(auth).catch(() => null) : null
       if (used === true) return this.paid(rec, d.response ?? lostAnswer(), plan, entry)
       last = { response: null, error: d.error }
       if (d.kind === 'refused' && d.code) code = d.code
       if (d.response) {
-        const body = await readBody(d.response.body, MAX_402_BODY).catch(() => Buffer.alloc(0))
+        const body = await readBody(d.response.body, MAX_402_BODY, this.d.upstream.timeoutMs).catch(() => Buffer.alloc(0))
         last = { response: { status: d.response.status, headers: d.response.headers, body: Readable.from([body]) }, error: `${d.error}: ${body.toString('utf8', 0, 200)}` }
       }
       // Refused outright: resending the same proof will not help.
       if (d.kind === 'refused' && (used === false || !onChain)) break
       if (expiryMs(auth) - this.d.clock.now() <= RESEND_MARGIN_MS) break
     }
-    // Not paid as far as we know. If nothing can tell (the chain was unreachable, or an
-    // off-chain proof got no answer), keep the reservation for the reconciler.
+    // Not paid as far as we know. But the authorization was sent: whatever the target answered
+    // (a refusal included), it may still redeem it until it expires, so the reservation stays held
+    // and the reconciler commits it if it lands, or releases it once the chain proves it unused.
     if (onChain) used = await this.used(auth).catch(() => null)
     if (used === true) return this.paid(rec, last.response ?? lostAnswer(), plan, entry)
-    // An on-chain authorization that may have reached the target stays held until validBefore even
-    // when the chain says unused now: the target can still settle it (the reconciler then commits it).
-    const unknown = onChain ? used === null || (used === false && mayRedeem && expiryMs(auth) > this.d.clock.now()) : !(last.response !== null && last.response.status < 500)
-    if (unknown) await this.finish(rec, { status: 'unknown', error: last.error }, 'keep')
-    else await this.finish(rec, { status: 'failed', error: last.error, ...(last.response ? { upstreamStatus: last.response.status } : {}) }, 'release')
+    const upstreamStatus = last.response ? { upstreamStatus: last.response.status } : {}
+    if (used === null || expiryMs(auth) > this.d.clock.now()) await this.finish(rec, { status: 'unknown', error: last.error, ...upstreamStatus }, 'keep')
+    else await this.finish(rec, { status: 'failed', error: last.error, ...upstreamStatus }, 'release')
     this.d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })
     throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
   }
@@ -590,13 +595,8 @@ export class PaymentEngine {
     return this.authorizationUsed(a.from as `0x${string}`, a.nonce)
   }
 
-  async authorizationUsed(from: `0x${string}`, nonce: string): Promise<boolean> {
-    return this.d.chain.publicClient.readContract({
-      address: this.d.chain.info.token,
-      abi: paygateUsdcAbi,
-      functionName: 'authorizationState',
-      args: [from, nonce as `0x${string}`],
-    })
+  authorizationUsed(from: `0x${string}`, nonce: string): Promise<boolean> {
+    return this.d.chain.authorizationUsed(from, nonce as `0x${string}`)
   }
 
   /** Close a transaction that was not paid: release (or keep) its reservation. */
@@ -614,8 +614,13 @@ export class PaymentEngine {
    * Commit the reservation, write the paid record and its ledger record in one batch, emit
    * events. `entry`: the ledger entry of `rec` when the caller built it already.
    */
-  async paid(rec: TxRecord, res: UpstreamResponse, plan: Pick<Plan, 'protocol' | 'rail'> & Partial<Pick<Plan, 'settlement'>>, entry?: LedgerEntry): Promise<PayOutcome> {
-    const settlement = plan.settlement?.(res.headers) ?? null
+  async paid(
+    rec: TxRecord,
+    res: UpstreamResponse,
+    plan: Pick<Plan, 'protocol' | 'rail'> & Partial<Pick<Plan, 'settlement'>>,
+    entry?: LedgerEntry,
+    settlement: Settlement | null = plan.settlement?.(res.headers) ?? null,
+  ): Promise<PayOutcome> {
     const now = this.d.clock.now()
     const policy = await this.d.policies.policyOf(rec.agentId)
     let before = 0n

@@ -1,11 +1,12 @@
 import { Readable } from 'node:stream'
+import type { Chain } from '../chain/chain.js'
 import type { Logger } from '../log/index.js'
 import { isEip3009, type Transactions, type TxRecord } from '../ledger/transactions.js'
 import type { Clock } from '../util/clock.js'
 import type { PaymentEngine } from './engine.js'
 
 /**
- * Settles reservations whose outcome is not known (signed and sent, answer lost; or a
+ * Settles reservations whose outcome is not known (signed and sent, then refused or answer lost; or a
  * crash mid-payment): the nonce used on chain means paid (commit and record), unused
  * after `validBefore` means not paid (release). Runs at start and then periodically.
  */
@@ -15,6 +16,7 @@ export class Reconciler {
 
   constructor(
     private readonly engine: PaymentEngine,
+    private readonly chain: Chain,
     private readonly transactions: Transactions,
     private readonly clock: Clock,
     private readonly log: Logger,
@@ -60,12 +62,13 @@ export class Reconciler {
       }
       return
     }
-    const used = await this.engine.authorizationUsed(a.from as `0x${string}`, a.nonce)
-    if (used) {
+    // Released only when a block at or after validBefore shows it unused: no later block can redeem it.
+    const fate = await this.chain.authorizationFate(a.from as `0x${string}`, a.nonce as `0x${string}`, BigInt(a.validBefore))
+    if (fate === 'used') {
       const res = { status: r.upstreamStatus ?? 502, headers: {}, body: Readable.from([Buffer.alloc(0)]) }
       await this.engine.paid(r, res, { protocol: r.protocol ?? 'x402', rail: r.rail ?? 'stablecoin' })
       this.log.info({ transactionId: r.id }, 'reconciled: the authorization was used on chain, recorded as paid')
-    } else if (BigInt(a.validBefore) <= BigInt(Math.floor(nowMs / 1000))) {
+    } else if (fate === 'unused') {
       await this.engine.finish(r, { status: 'failed', error: r.error ?? 'authorization expired unused' }, 'release')
       this.log.info({ transactionId: r.id }, 'reconciled: the authorization expired unused, reservation released')
     }

@@ -4,7 +4,7 @@ import { createSecureContext, rootCertificates, type SecureContext } from 'node:
 import { Readable } from 'node:stream'
 import { Agent, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
-import { collect } from '../util/collect.js'
+import { collect, type Deadline } from '../util/collect.js'
 
 /** undici lives here: pooled keep-alive upstream connections, no redirect following. */
 export interface UpstreamRequest {
@@ -170,7 +170,10 @@ export class Upstream {
   }
 }
 
-/** Read a body into memory up to `max` bytes; more is an error (402 bodies are small). */
-export function readBody(body: Readable, max: number): Promise<Buffer> {
-  return collect(body, max, () => new PaygateError('payment_protocol_error', `the 402 answer body exceeds ${max} bytes`))
+/** The whole-body limit for answers Paygate reads itself (402s, refusals): a target dripping one cannot hold a payment open. */
+export const bodyDeadline = (ms: number): Deadline => ({ ms, error: () => new UpstreamError('timeout', `the target's answer body did not arrive within ${ms} ms`) })
+
+/** Read a body into memory up to `max` bytes, within `deadlineMs`; more is an error (402 bodies are small). */
+export function readBody(body: Readable, max: number, deadlineMs = 30_000): Promise<Buffer> {
+  return collect(body, max, () => new PaygateError('payment_protocol_error', `the 402 answer body exceeds ${max} bytes`), undefined, bodyDeadline(deadlineMs))
 }

@@ -148,9 +148,12 @@ export const acceptPayment = (canCard: boolean): string => (canCard ? 'evm/charg
 /** The EIP-3009 nonce of an evm/charge challenge: bound to the challenge, so one challenge is paid at most once. */
 export const challengeNonce = (c: PaymentChallenge): Hex => keccak256(toHex(c.id + c.realm))
 
-/** The EIP-3009 authorization for an evm/charge challenge: nonce bound to the challenge, valid until it expires. */
-export function evmAuthorization(offer: Extract<AuthOffer, { kind: 'evm' }>, from: Address, nowMs: number): Eip3009Authorization {
-  const until = offer.expiresAt ?? nowMs + 300_000
+/**
+ * The EIP-3009 authorization for an evm/charge challenge: nonce bound to the challenge, valid
+ * until it expires, and never longer than `maxSeconds` from now.
+ */
+export function evmAuthorization(offer: Extract<AuthOffer, { kind: 'evm' }>, from: Address, nowMs: number, maxSeconds = 300): Eip3009Authorization {
+  const until = Math.min(offer.expiresAt ?? Infinity, nowMs + maxSeconds * 1000)
   return {
     from,
     to: offer.recipient,

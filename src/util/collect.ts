@@ -7,8 +7,8 @@ const closedEarly = (stream: Readable): Error => stream.errored ?? new Error('th
  * Read a stream into one buffer, failing with `tooLarge()` (and destroying the stream) past
  * `max` bytes.
  */
-export async function collect(stream: Readable, max: number, tooLarge: () => Error, expectedBytes?: number): Promise<Buffer> {
-  const { head, rest } = await collectUpTo(stream, max, expectedBytes)
+export async function collect(stream: Readable, max: number, tooLarge: () => Error, expectedBytes?: number, deadline?: Deadline): Promise<Buffer> {
+  const { head, rest } = await collectUpTo(stream, max, expectedBytes, deadline)
   if (!rest) return head
   rest.destroy()
   throw tooLarge()
@@ -21,7 +21,13 @@ export async function collect(stream: Readable, max: number, tooLarge: () => Err
  * directly: an async iterator costs several promise hops per body, and every paid call reads
  * three small bodies on its critical path.
  */
-export function collectUpTo(stream: Readable, max: number, expectedBytes?: number): Promise<{ head: Buffer; rest: Readable | null }> {
+/** A limit on the whole read (a body dripped a byte at a time passes every per-chunk timeout): past `ms` the stream is destroyed with `error()`. */
+export interface Deadline {
+  ms: number
+  error(): Error
+}
+
+export function collectUpTo(stream: Readable, max: number, expectedBytes?: number, deadline?: Deadline): Promise<{ head: Buffer; rest: Readable | null }> {
   if (stream.readableEnded) return Promise.resolve({ head: Buffer.alloc(0), rest: null })
   const whole = takeWhole(stream, max, expectedBytes)
   if (whole) return Promise.resolve({ head: whole, rest: null })
@@ -32,7 +38,9 @@ export function collectUpTo(stream: Readable, max: number, expectedBytes?: numbe
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = []
     let size = 0
+    const timer = deadline ? setTimeout(() => stream.destroy(deadline.error()), deadline.ms) : null
     const stop = (): void => {
+      if (timer) clearTimeout(timer)
       stream.off('data', onData)
       stream.off('end', onEnd)
       stream.off('error', onError)

@@ -631,7 +631,7 @@ t.test('offers that name no domain are signed over the chain token\'s own domain
     return recoverTypedDataAddress({ ...transferTypedData(eip3009Of(stored), { ...domain, chainId: 84532, verifyingContract: TOKEN }), signature: stored.signature as Hex })
   }
   const signX402 = (body: unknown, chain: PayableChain) => {
-    const d = new X402Adapter(null as never).detect(answer(body), req, chain)
+    const d = new X402Adapter(null as never, 300).detect(answer(body), req, chain)
     if (!d.present || !d.plan?.prepare) throw new Error('expected an x402 plan')
     return d.plan.prepare({ req, txId: 'tx', wallet, nowMs: Date.now() }).sign()
   }

@@ -25,8 +25,6 @@ import type { Upstream, UpstreamResponse } from '../upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
 import { eip3009Of, newNonce, signChainTransfer } from './x402.js'
 
-/** How long a stablecoin authorization or payment intent may be redeemed. */
-const AUTHORIZATION_SECONDS = 300
 /** Default lifetime of a rail's proof when the rail names none. */
 const RAIL_PROOF_MS = 10 * 60_000
 
@@ -39,6 +37,8 @@ export interface MppSettings {
   paymentEndpointHosts: readonly string[]
   /** Session lifetime when neither the answer nor the offer names one. */
   sessionTtlSeconds: number
+  /** Validity of a stablecoin authorization (pay.maxAuthorizationSeconds). */
+  maxAuthorizationSeconds: number
 }
 
 const originOf = (url: string): string => new URL(url).origin
@@ -117,7 +117,7 @@ export class MppAdapter implements ProtocolAdapter {
       sellsSession: offer.sessionSupported,
       paidWhenServed: true,
       authorize: async ({ req, wallet, nowMs, txId }: AuthorizeInput): Promise<StoredAuthorization> => {
-        const expiry = BigInt(Math.floor(nowMs / 1000) + AUTHORIZATION_SECONDS)
+        const expiry = BigInt(Math.floor(nowMs / 1000) + this.settings.maxAuthorizationSeconds)
         if (stable && offer.payTo) {
           const auth = { from: wallet.address, to: offer.payTo, value: offer.amount, validAfter: 0n, validBefore: expiry, nonce: newNonce() }
           return signChainTransfer(wallet, auth, chain)

@@ -38,6 +38,8 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
     private readonly card: Rail | null,
     private readonly rates: Readonly<Record<string, string>>,
     private readonly clock: Clock,
+    /** pay.maxAuthorizationSeconds: a challenge that expires later is signed for this long only. */
+    private readonly maxValiditySeconds: number,
   ) {
     this.acceptPayment = acceptPayment(card !== null)
   }
@@ -60,6 +62,7 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
     const network = `eip155:${chain.chainId}`
     const card = this.card
     const clock = this.clock
+    const maxValiditySeconds = this.maxValiditySeconds
     const stable = offer.kind === 'evm'
     return {
       protocol: 'mpp',
@@ -79,7 +82,7 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
       ...(offer.kind === 'evm' ? { fixedNonce: challengeNonce(c) } : {}),
       async authorize({ req, wallet, nowMs, txId }: AuthorizeInput): Promise<StoredAuthorization> {
         if (offer.kind === 'evm') {
-          const auth = evmAuthorization(offer, wallet.address, nowMs)
+          const auth = evmAuthorization(offer, wallet.address, nowMs, maxValiditySeconds)
           return signChainTransfer(wallet, auth, chain)
         }
         if (!card) throw new Error('no card rail')

@@ -41,7 +41,11 @@ export class X402Adapter implements ProtocolAdapter {
    */
   private readonly plans = new WeakMap<Offer, { chain: string; plan: Plan }>()
 
-  constructor(private readonly upstream: Upstream) {}
+  constructor(
+    private readonly upstream: Upstream,
+    /** pay.maxAuthorizationSeconds: a longer `maxTimeoutSeconds` is clamped to it (a target cannot hold a budget for ever). */
+    private readonly maxValiditySeconds: number,
+  ) {}
 
   detect(answer: HttpAnswer, req: PayRequest, chain: PayableChain): Detected {
     const detection = detectX402(answer)
@@ -62,8 +66,9 @@ export class X402Adapter implements ProtocolAdapter {
 
   private plan(offer: Offer, chain: PayableChain): Plan {
     const upstream = this.upstream
+    const maxValiditySeconds = this.maxValiditySeconds
     const prepare = ({ wallet, nowMs }: AuthorizeInput): ReturnType<NonNullable<Plan['prepare']>> => {
-      const auth = authorizationFor(offer, { from: wallet.address, nonce: newNonce(), nowSeconds: nowMs / 1000 })
+      const auth = authorizationFor(offer, { from: wallet.address, nonce: newNonce(), nowSeconds: nowMs / 1000, maxValiditySeconds })
       return {
         unsigned: storedEip3009(auth, '' as `0x${string}`),
         sign: () => storedEip3009(auth, wallet.signDigest(typedDataDigest(typedData(offer, auth, chain.chainId, chain.tokenDomain)))),
