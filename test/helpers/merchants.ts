@@ -175,6 +175,14 @@ function chainOf(c: LocalChain): Chain {
   })
 }
 
+/**
+ * A `PAYMENT-RESPONSE` value reporting a settlement that was never made, for bare test targets
+ * whose tests are about something else (offers, signing): Paygate counts a paid answer as
+ * settled when the target reports it, else it checks the chain and holds the payment.
+ */
+export const reportedSettlement = (chainId: number): string =>
+  Buffer.from(JSON.stringify({ success: true, transaction: `0x${'ab'.repeat(32)}`, network: `eip155:${chainId}`, payer: null })).toString('base64')
+
 export function clientsFor(c: LocalChain, key: Hex) {
   const chain = chainOf(c)
   const transport = viemHttp(c.rpcUrl, { batch: false, retryCount: 1, timeout: 20_000 })

@@ -9,7 +9,7 @@ import type { PaygateError } from '../../src/errors/index.js'
 import { isEip3009, newTxId, type TxRecord } from '../../src/ledger/transactions.js'
 import { OffsetClock } from '../../src/util/clock.js'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
+import { reportedSettlement, startV1Merchant, startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
 /**
  * Payments whose authorization reached the target but did not settle (the route answered
@@ -139,9 +139,7 @@ t.test('a 402 whose body is too large to read for offers: offers in its headers 
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const srv: Server = createServer((req, res) => {
     const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}${req.url}`
-    // Reports a settlement (as the official servers do) without making one: this test is about reading offers.
-    const settled = Buffer.from(JSON.stringify({ success: true, transaction: `0x${'ab'.repeat(32)}`, network: `eip155:${info.chainId}`, payer: null })).toString('base64')
-    if (req.headers['payment-signature']) return void res.writeHead(200, { 'content-type': 'application/json', 'payment-response': settled }).end('{"ok":true}')
+    if (req.headers['payment-signature']) return void res.writeHead(200, { 'content-type': 'application/json', 'payment-response': reportedSettlement(info.chainId) }).end('{"ok":true}')
     const accepts = [{ scheme: 'exact', network: `eip155:${info.chainId}`, amount: '1000', asset: info.token, payTo, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }]
     const required = Buffer.from(JSON.stringify({ x402Version: 2, resource: { url }, accepts })).toString('base64')
     res.writeHead(402, { 'content-type': 'text/html', ...(req.url === '/header-offer' ? { 'payment-required': required } : {}) })

@@ -5,7 +5,7 @@ import { recoverTypedDataAddress, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { FastSigner } from '../../src/crypto/secp256k1.js'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { startV2Merchant, type Merchant } from '../helpers/merchants.js'
+import { reportedSettlement, startV2Merchant, type Merchant } from '../helpers/merchants.js'
 
 /**
  * A lone payment's authorization is signed while its 402 is on the wire when the agent's last
@@ -103,7 +103,7 @@ async function v2Target(t: Test, offer: { price: bigint; description: string }):
     const sig = req.headers['payment-signature']
     if (typeof sig === 'string') {
       sent.push((JSON.parse(Buffer.from(sig, 'base64').toString()) as { payload: Sent }).payload)
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}')
+      res.writeHead(200, { 'content-type': 'application/json', 'payment-response': reportedSettlement(info.chainId) }).end('{"ok":true}')
       return
     }
     const { port } = server.address() as AddressInfo
