@@ -14,7 +14,7 @@ const USAGE = `usage: paygate [command] [--flags]
   ca [--bundle]                 print Paygate's CA certificate (creating the CA if needed); with
                                 --bundle, the system roots plus the CA, for REQUESTS_CA_BUNDLE,
                                 SSL_CERT_FILE, CURL_CA_BUNDLE and the like
-flags: every configuration key, e.g. --api-port 0 --chain-rpc-url http://… (see README)`
+flags: every configuration key, e.g. --api-port 0 --chain-rpc-url http://… (see docs/configuration.md)`
 
 /** `paygate deploy-ledger`: uses the data directory's stored signer unless chain.signerKey is set. */
 async function deployLedger(config: Config, withToken: boolean): Promise<void> {

@@ -145,7 +145,7 @@ export const KEYS: readonly KeySpec[] = [
   },
   { path: 'mpp.paymentEndpointHosts', kind: 'hostList', doc: "Hosts an MPP `paymentEndpoint` may be on besides the target's own origin (a shared payment service). Comma-separated in the environment." },
   { path: 'mpp.sessionTtlSeconds', kind: 'int', min: 1, max: 30 * 24 * 3600, doc: 'Lifetime of an MPP session when neither the answer (`X-MPP-Session-Expires`) nor the offer (`sessionTtlSeconds`) names one.' },
-  { path: 'mpp.cardProviderUrl', kind: 'url', optional: true, doc: "Card provider for the MPP card rail: Paygate POSTs each charge there and sends the returned token as the payment's authorization (see README). Unset: the card rail is off." },
+  { path: 'mpp.cardProviderUrl', kind: 'url', optional: true, doc: "Card provider for the MPP card rail: Paygate POSTs each charge there and sends the returned token as the payment's authorization (see docs/payments.md). Unset: the card rail is off." },
   { path: 'mpp.cardProviderKey', kind: 'secret', optional: true, doc: 'Bearer key sent to `mpp.cardProviderUrl`.' },
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
