@@ -24,6 +24,7 @@ import { MppSessions } from './engine/sessions.js'
 import { DEFAULT_METHOD_RAILS } from './protocols/mpp.js'
 import { Reconciler } from './engine/reconciler.js'
 import { Upstream } from './engine/upstream.js'
+import { EgressGuard, type Resolver } from './net/egress.js'
 import { EventBus } from './events/bus.js'
 import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
@@ -49,6 +50,8 @@ export interface GatewayOptions {
   cardProvider?: CardProvider
   /** Extra MPP rails (Lightning, custom), by name. */
   rails?: Rail[]
+  /** How the egress guard resolves names (default: dns.lookup); tests inject one. */
+  resolver?: Resolver
 }
 
 export interface Gateway {
@@ -65,6 +68,8 @@ export interface Gateway {
   readonly reconciler: Reconciler
   readonly proxy: ProxyServer
   readonly ca: CertificateAuthority
+  /** The egress guard every agent connection passes (its counters count denials). */
+  readonly egress: EgressGuard
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** Address of the forward-proxy port, e.g. http://127.0.0.1:8402 */
@@ -72,6 +77,23 @@ export interface Gateway {
   /** First-start account key bootstrap: where the key file is, and the key when just created. */
   readonly accountKey: { file: string; created: boolean; apiKey: string | null }
   close(): Promise<void>
+}
+
+/**
+ * The port of the chain's JSON-RPC when it is this host's (the embedded chain, or a node the
+ * operator runs on loopback): an agent must never reach it through Paygate (its dev methods
+ * move anyone's funds).
+ */
+function localChainPort(chain: Chain, rpcUrl: string): number | null {
+  let u: URL
+  try {
+    u = new URL(rpcUrl)
+  } catch {
+    return null
+  }
+  const host = u.hostname.replace(/^\[|\]$/g, '')
+  if (!chain.embedded && !isLoopback(host) && host !== '0.0.0.0' && host !== '::') return null
+  return Number(u.port) || (u.protocol === 'https:' || u.protocol === 'wss:' ? 443 : 80)
 }
 
 /** Listen, naming the config key when the address is taken. */
@@ -149,7 +171,12 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const transactions = new Transactions(store)
     outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock })
     await outbox.start()
-    upstream = new Upstream(config.upstream.caFile, config.pay.timeoutMs)
+    const egress = new EgressGuard({ allow: config.egress.allow, deny: config.egress.deny, log, ...(opts.resolver ? { resolver: opts.resolver } : {}) })
+    // Paygate's own listeners, as bound: the chain's now, the API and proxy ports as soon as they listen.
+    const chainPort = localChainPort(chain, chain.embedded ? chain.info.rpcUrl : config.chain.rpcUrl!)
+    if (chainPort !== null) egress.protect(chainPort)
+    egress.protect(config.api.port, config.proxy.port)
+    upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs)
     const events = new EventBus()
     const rails = railsOf(config, opts)
     const settings = mppSettings(config)
@@ -200,7 +227,9 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     })
     router.add(...caRoutes(ca))
     const addr = await listen(api, config.api.port, config.api.host, 'api.port')
+    egress.protect(addr.port)
     const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host, 'proxy.port')
+    egress.protect(proxyAddr.port)
 
     let closing: Promise<void> | undefined
     return {
@@ -217,6 +246,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       reconciler,
       proxy,
       ca,
+      egress,
       apiUrl: urlOf(addr),
       proxyUrl: urlOf(proxyAddr),
       accountKey,

@@ -3,7 +3,9 @@
  * Environment names and CLI flags are derived by one rule (see envName/flagName), so
  * `chain.rpcUrl` is `PAYGATE_CHAIN_RPC_URL` and `--chain-rpc-url`.
  */
-export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount' | 'bool' | 'hostList' | 'map'
+import { parseRule } from '../net/egress-decide.js'
+
+export type KeyKind = 'string' | 'path' | 'host' | 'port' | 'int' | 'enum' | 'url' | 'secret' | 'address' | 'amount' | 'bool' | 'hostList' | 'ruleList' | 'map'
 
 export interface KeySpec {
   path: string
@@ -13,7 +15,7 @@ export interface KeySpec {
   min?: number
   max?: number
   values?: readonly string[]
-  /** Extra check for secrets and strings (and each value of a map); returns what is allowed when the value fails. */
+  /** Extra check for secrets and strings (and each value of a map or item of a rule list); returns what is allowed when the value fails. */
   check?: (v: string) => string | null
   doc: string
 }
@@ -39,6 +41,12 @@ export function isPrivateKey(v: string): boolean {
   if (!/^0x[0-9a-fA-F]{64}$/.test(v)) return false
   const k = BigInt(v)
   return k >= 1n && k < SECP256K1_N
+}
+
+/** An `egress.allow` / `egress.deny` entry: null, or why not. */
+function egressEntry(v: string): string | null {
+  const r = parseRule(v)
+  return typeof r === 'string' ? r : null
 }
 
 export const KEYS: readonly KeySpec[] = [
@@ -147,6 +155,18 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'mpp.sessionTtlSeconds', kind: 'int', min: 1, max: 30 * 24 * 3600, doc: 'Lifetime of an MPP session when neither the answer (`X-MPP-Session-Expires`) nor the offer (`sessionTtlSeconds`) names one.' },
   { path: 'mpp.cardProviderUrl', kind: 'url', optional: true, doc: "Card provider for the MPP card rail: Paygate POSTs each charge there and sends the returned token as the payment's authorization (see docs/payments.md). Unset: the card rail is off." },
   { path: 'mpp.cardProviderKey', kind: 'secret', optional: true, doc: 'Bearer key sent to `mpp.cardProviderUrl`.' },
+  {
+    path: 'egress.allow',
+    kind: 'ruleList',
+    check: egressEntry,
+    doc: 'CIDRs and host names agents may reach although denied by default (private ranges: 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7), e.g. `10.20.0.0/16`, `billing.internal:8080`, `*.corp`. Never opens the always-denied targets (see docs/security.md). Comma-separated in the environment.',
+  },
+  {
+    path: 'egress.deny',
+    kind: 'ruleList',
+    check: egressEntry,
+    doc: 'CIDRs and host names nobody may reach through Paygate, over the defaults and `egress.allow` (e.g. `127.0.0.1:5432`, `[::1]:6379`, `203.0.113.0/24`). Comma-separated in the environment.',
+  },
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
   { path: 'shutdown.graceMs', kind: 'int', min: 0, max: 600_000, doc: 'On SIGINT/SIGTERM, how long in-flight requests may finish before connections are closed.' },

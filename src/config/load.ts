@@ -34,6 +34,8 @@ export interface Config {
     cardProviderUrl: string | null
     cardProviderKey: string | null
   }
+  /** Entries as written (validated); net/egress-decide.ts parses them. */
+  egress: { allow: string[]; deny: string[] }
   upstream: { caFile: string | null }
   log: { level: string }
   shutdown: { graceMs: number }
@@ -181,6 +183,12 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
       const items = Array.isArray(v) ? v : typeof v === 'string' ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
       const ok = items?.every((x) => typeof x === 'string' && /^[A-Za-z0-9.*:[\]-]{1,253}$/.test(x))
       return items && ok ? [items.map((x: string) => x.toLowerCase()), null] : [undefined, 'a list of host names (comma-separated in the environment)']
+    }
+    case 'ruleList': {
+      const items = Array.isArray(v) ? v : typeof v === 'string' ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
+      if (!items || !items.every((x) => typeof x === 'string')) return [undefined, 'a list of CIDRs and host names (comma-separated in the environment)']
+      const bad = items.map((x: string) => spec.check?.(x) ?? null).filter((x) => x !== null)
+      return bad.length ? [undefined, bad.join('; ')] : [items.map((x: string) => x.trim().toLowerCase()), null]
     }
     case 'map': {
       let entries: [string, unknown][] | null = null

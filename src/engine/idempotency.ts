@@ -43,9 +43,11 @@ const NEVER_STORED: ReadonlySet<string> = new Set(['internal_error', 'unavailabl
  * sent (one signed ahead, see AheadSigner, is dropped unused), so nothing can have been paid.
  * The engine raises it only for its unpaid sends (the first request, a refetched 402, a
  * session call); a failed send of a payment is a retried delivery that ends in
- * `payment_failed`. Such an error is not stored: the same key runs again.
+ * `payment_failed`. Such an error is not stored: the same key runs again. The same holds for
+ * `egress_denied` (the guard refused the connection, so nothing was sent), which an operator
+ * may lift by configuration.
  */
-export const unreached = (e: PaygateError): boolean => e.code === 'upstream_unreachable'
+export const unreached = (e: PaygateError): boolean => e.code === 'upstream_unreachable' || e.code === 'egress_denied'
 
 /**
  * `unreached`, plus a 402 that could not be read (`payment_protocol_error` naming no

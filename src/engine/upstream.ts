@@ -2,8 +2,9 @@ import { X509Certificate } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createSecureContext, rootCertificates, type SecureContext } from 'node:tls'
 import { Readable } from 'node:stream'
-import { Agent, util, type Dispatcher } from 'undici'
+import { Agent, buildConnector, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
+import { isEgressDenied, type EgressGuard } from '../net/egress.js'
 import { collect, type Deadline } from '../util/collect.js'
 
 /** undici lives here: pooled keep-alive upstream connections, no redirect following. */
@@ -35,7 +36,9 @@ export class UpstreamError extends Error {
 
 const TIMEOUTS = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT'])
 
-function upstreamError(e: Error): UpstreamError {
+function upstreamError(e: Error): Error {
+  // A refusal of the egress guard stays what it is: 403 egress_denied, nothing was sent.
+  if (isEgressDenied(e)) return e
   const code = (e as { code?: string }).code ?? ''
   return TIMEOUTS.has(code) ? new UpstreamError('timeout', `upstream timed out (${code})`) : new UpstreamError('network', `upstream request failed: ${e.message}`)
 }
@@ -106,9 +109,36 @@ class Handler implements Dispatcher.DispatchHandler {
 
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
 
-/** An unpaid send's failure as the agent's 502 (anything but a transport failure is thrown as it is). */
+/** An unpaid send's failure as the agent's 502 (anything but a transport failure, an egress refusal too, is thrown as it is). */
 export function unreachable(e: unknown): never {
   throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
+}
+
+/**
+ * undici's connector behind the egress guard: the origin's name is resolved once and checked
+ * (every address), then the connection goes to a checked address, the next one if it fails;
+ * TLS keeps the name for SNI and verification (undici derives it from the origin), the
+ * request its Host.
+ */
+function guardedConnector(egress: EgressGuard, base: buildConnector.connector): buildConnector.connector {
+  return (opts, callback) => {
+    const port = Number(opts.port) || (opts.protocol === 'https:' ? 443 : 80)
+    egress.check(opts.hostname, port).then(
+      (addresses) => {
+        let i = 0
+        const next = (): void => {
+          const a = addresses[i++]!
+          base({ ...opts, hostname: a.address }, (err, socket) => {
+            if (err && i < addresses.length) return next()
+            if (err) return callback(err, null)
+            callback(null, socket!)
+          })
+        }
+        next()
+      },
+      (e: Error) => callback(e, null),
+    )
+  }
 }
 
 export class Upstream {
@@ -116,8 +146,12 @@ export class Upstream {
   /** Upstream TLS trust, shared with the proxy's own connections; undefined: the system roots. */
   readonly secureContext: SecureContext | undefined
 
-  /** Upstream TLS trusts the system roots plus the PEM bundle in `caFile`. */
-  constructor(caFile: string | null, readonly timeoutMs = 30_000) {
+  /** Upstream TLS trusts the system roots plus the PEM bundle in `caFile`; every new connection asks `egress` first. */
+  constructor(
+    caFile: string | null,
+    readonly egress: EgressGuard,
+    readonly timeoutMs = 30_000,
+  ) {
     let ca: string[] | undefined
     if (caFile) {
       let extra: string
@@ -141,7 +175,8 @@ export class Upstream {
     // One TLS context for every upstream connection: passing `ca` would re-parse ~140 roots per connection (~30 ms of blocked loop).
     const secureContext = ca ? createSecureContext({ ca }) : undefined
     this.secureContext = secureContext
-    this.dispatcher = new Agent({ keepAliveTimeout: 30_000, connections: 256, ...(secureContext ? { connect: { secureContext } } : {}) })
+    const base = buildConnector({ timeout: 10_000, ...(secureContext ? { secureContext } : {}) })
+    this.dispatcher = new Agent({ keepAliveTimeout: 30_000, connections: 256, connect: guardedConnector(egress, base) })
   }
 
   /**

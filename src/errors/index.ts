@@ -11,6 +11,7 @@ export const ERROR_STATUS = {
   budget_exceeded: 402,
   no_payable_offer: 402,
   forbidden: 403,
+  egress_denied: 403,
   not_found: 404,
   method_not_allowed: 405,
   conflict: 409,

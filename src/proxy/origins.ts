@@ -1,6 +1,8 @@
 import { connect as netConnect, isIP, type Socket } from 'node:net'
 import { connect as tlsConnect, type SecureContext } from 'node:tls'
 import { UpstreamError } from '../engine/upstream.js'
+import type { PaygateError } from '../errors/index.js'
+import { isEgressDenied, type EgressGuard } from '../net/egress.js'
 import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, responseFraming, type Framing, type ResponseHead } from './http1.js'
 
 /**
@@ -29,8 +31,11 @@ export interface ExchangeSink {
   end(): void
   /** After each batch of bytes from the target has been passed on (a chance to write what the sink held back). */
   flush(): void
-  /** `stale`: a reused connection failed before any byte came back, so a resend on a new one is safe for idempotent methods. */
-  error(e: UpstreamError, stale: boolean): void
+  /**
+   * `stale`: a reused connection failed before any byte came back, so a resend on a new one is
+   * safe for idempotent methods. A PaygateError: the egress guard refused the target (nothing was sent).
+   */
+  error(e: UpstreamError | PaygateError, stale: boolean): void
 }
 
 /**
@@ -55,7 +60,7 @@ class OriginConn {
     if (!transient) socket.on('data', (d: Buffer) => this.onRead(d))
     // A timeout is never "stale": the target may be working on the request, so it is not sent again.
     socket.on('timeout', () => (this.exchange ? this.exchange.fail(new UpstreamError('timeout', 'upstream timed out'), false) : socket.destroy()))
-    socket.on('error', (e) => this.exchange?.fail(new UpstreamError('network', `upstream request failed: ${e.message}`)))
+    socket.on('error', (e) => this.exchange?.fail(isEgressDenied(e) ? e : new UpstreamError('network', `upstream request failed: ${e.message}`)))
     socket.on('close', () => {
       this.pool.forget(this)
       this.exchange?.closed()
@@ -163,7 +168,7 @@ export class Exchange {
   }
 
   /** `mayResend`: false when the target may have the request (a timeout), so it is never sent twice. */
-  fail(e: UpstreamError, mayResend = true): void {
+  fail(e: UpstreamError | PaygateError, mayResend = true): void {
     if (this.finished) return
     this.stop()
     this.sink.error(e, mayResend && this.conn.reused && !this.got)
@@ -199,11 +204,17 @@ export class OriginPool {
 
   constructor(
     private readonly secureContext: SecureContext | undefined,
+    /** Asked before every new connection (a reused one was asked when it was opened). */
+    private readonly egress: EgressGuard,
     private readonly timeoutMs = 30_000,
     private readonly maxIdlePerOrigin = 256,
   ) {}
 
-  /** Send `head` (the whole request: the fast path carries no body) and report the answer to `sink`. */
+  /**
+   * Send `head` (the whole request: the fast path carries no body) and report the answer to
+   * `sink`. Throws `egress_denied` when the guard refuses an IP literal at once (a name's
+   * refusal comes as the sink's error).
+   */
   request(o: Origin, head: string, method: string, sink: ExchangeSink, fresh = false): Exchange {
     const key = `${o.https ? 's' : 'p'}${o.host}:${o.port}`
     const conn = (!fresh && this.idle.get(key)?.pop()) || this.open(o, key)
@@ -215,9 +226,11 @@ export class OriginPool {
 
   private open(o: Origin, key: string): OriginConn {
     let conn: OriginConn | null = null
+    // An IP literal is checked here; a name resolves once in the guard's lookup, and the socket connects to what passed.
+    const to = this.egress.connectOptions(o.host, o.port)
     const socket = o.https
-      ? tlsConnect({ host: o.host, port: o.port, ALPNProtocols: ['http/1.1'], ...(isIP(o.host) ? {} : { servername: o.host }), ...(this.secureContext ? { secureContext: this.secureContext } : {}) })
-      : netConnect({ host: o.host, port: o.port, onread: { buffer: READ_BUFFER, callback: (n, buf) => conn!.onRead((buf as Buffer).subarray(0, n)) } })
+      ? tlsConnect({ ...to, port: o.port, ALPNProtocols: ['http/1.1'], ...(isIP(o.host) ? {} : { servername: o.host }), ...(this.secureContext ? { secureContext: this.secureContext } : {}) })
+      : netConnect({ ...to, port: o.port, onread: { buffer: READ_BUFFER, callback: (n, buf) => conn!.onRead((buf as Buffer).subarray(0, n)) } })
     // One inactivity limit for both states (answer pending: a timeout; idle: closed), set
     // once: re-arming a socket timer per request shows in the profile.
     socket.setTimeout(this.timeoutMs)

@@ -130,14 +130,19 @@ class FirstSendSink implements ExchangeSink {
     this.headText = null
   }
 
-  error(e: UpstreamError, stale: boolean): void {
+  error(e: UpstreamError | PaygateError, stale: boolean): void {
     if (this.mode === 'wait') {
       // A pooled connection the target had closed: once more on a new one (the method is idempotent).
       if (stale && !this.retried) {
         this.retried = true
-        return this.send(true)
+        try {
+          return this.send(true)
+        } catch (again) {
+          return this.reject(again as Error)
+        }
       }
-      return this.reject(new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`))
+      // The egress guard's refusal (403 egress_denied) as it is.
+      return this.reject(e instanceof PaygateError ? e : new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`))
     }
     if (this.mode === 'engine') return void this.body!.destroy(e)
     // Mid-relay: the agent has part of an answer, so only closing tells it something broke.
@@ -150,6 +155,7 @@ export function sendFirst(pool: OriginPool, conn: FastConn, start: PayStart, des
   return new Promise<FirstSend>((resolve, reject) => {
     if (!conn.alive) return resolve({ kind: 'relayed', status: 0 })
     const sink = new FirstSendSink(pool, conn, start, dest, head, method, resolve, reject)
+    // The egress guard's refusal of an IP literal is thrown here: it rejects this promise.
     sink.send(false)
     conn.onGone = () => sink.gone()
   })

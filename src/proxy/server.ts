@@ -8,6 +8,7 @@ import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { unreachable, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
+import { isEgressDenied, type EgressGuard } from '../net/egress.js'
 import { infoLine, type Logger } from '../log/index.js'
 import { collectUpTo, headThen } from '../util/collect.js'
 import { formatUnits } from '../util/money.js'
@@ -261,13 +262,16 @@ export class ProxyServer implements FastHost {
   /** The line per request: its fields are fixed and secret-free. */
   private readonly access: ReturnType<typeof infoLine>
   private readonly identity: ProxyIdentity
+  /** The engine's egress guard (the upstream's): the proxy's own connections ask it too. */
+  private readonly egress: EgressGuard
   readonly counters = { requests: 0, paid: 0, rejected: 0, errors: 0, connects: 0, authFailures: 0 }
   readonly idleTimeoutMs: number
 
   constructor(private readonly d: ProxyDeps) {
     this.access = infoLine(d.log, 'proxy request')
     this.identity = new ProxyIdentity(d.registry, d.defaultAgent)
-    this.origins = new OriginPool(d.upstream.secureContext, d.upstream.timeoutMs)
+    this.egress = d.upstream.egress
+    this.origins = new OriginPool(d.upstream.secureContext, this.egress, d.upstream.timeoutMs)
     this.idleTimeoutMs = d.idleTimeoutMs ?? 65_000
     // allowHalfOpen: an agent that half-closes after its request still gets the answer.
     this.server = createNetServer({ noDelay: true, allowHalfOpen: true }, (socket) => this.startFast(socket, null))
@@ -284,7 +288,8 @@ export class ProxyServer implements FastHost {
       const socket = target as Socket
       // Nothing sent to the agent since the upgrade began (the target never answered it): say so, as any failed send.
       const before = this.upgradeSent.get(socket)
-      if (before !== undefined && socket.bytesWritten === before && socket.writable) socket.end(rawAnswer(new PaygateError('upstream_unreachable', `the target could not be reached: ${err.message}`)))
+      const answer = isEgressDenied(err) ? err : new PaygateError('upstream_unreachable', `the target could not be reached: ${err.message}`)
+      if (before !== undefined && socket.bytesWritten === before && socket.writable) socket.end(rawAnswer(answer))
       else socket.destroy()
     })
   }
@@ -680,9 +685,21 @@ export class ProxyServer implements FastHost {
       return
     }
     const auth = headers['proxy-authorization']
-    if (hostMatches(this.d.passThrough, target.host)) {
+    // The guard refuses at once what it can decide without resolving (IP literals in any
+    // spelling, metadata and denied names, localhost on Paygate's own ports); a pass-through
+    // connection resolves through it, and every connection for an intercepted tunnel asks again.
+    let to: ReturnType<EgressGuard['connectOptions']> | null = null
+    try {
+      if (hostMatches(this.d.passThrough, target.host)) to = this.egress.connectOptions(target.host, target.port)
+      else this.egress.checkNow(target.host, target.port)
+    } catch (e) {
+      if (!isEgressDenied(e)) throw e
+      socket.end(rawAnswer(e))
+      return
+    }
+    if (to) {
       let open = false
-      const up = netConnect(target.port, target.host, () => {
+      const up = netConnect({ ...to, port: target.port }, () => {
         open = true
         socket.write('HTTP/1.1 200 Connection Established\r\n\r\n')
         if (head.length) up.write(head)
@@ -698,7 +715,7 @@ export class ProxyServer implements FastHost {
       })
       up.on('error', (e) => {
         // Once the tunnel is up, the agent's bytes are the target's: only closing can say it broke.
-        if (!open) socket.end(rawAnswer(new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`)))
+        if (!open) socket.end(rawAnswer(isEgressDenied(e) ? e : new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`)))
         else socket.destroy()
       })
       return
@@ -762,10 +779,20 @@ export class ProxyServer implements FastHost {
         return
       }
     }
+    // The target's connection resolves through the egress guard (http-proxy hands `ssl` to http.request as its base options).
+    const dest = new URL(origin)
+    let to: ReturnType<EgressGuard['connectOptions']>
+    try {
+      to = this.egress.connectOptions(dest.hostname.replace(/^\[|\]$/g, ''), Number(dest.port) || (dest.protocol === 'https:' ? 443 : 80))
+    } catch (e) {
+      if (!isEgressDenied(e)) throw e
+      socket.end(rawAnswer(e))
+      return
+    }
     delete req.headers['proxy-authorization']
     for (const k of Object.keys(req.headers)) if (k.startsWith('x-paygate-')) delete req.headers[k]
     if (typeof socket.bytesWritten === 'number') this.upgradeSent.set(socket, socket.bytesWritten)
-    this.ws.ws(req, socket, head, { target: origin, changeOrigin: true, secure: true, ...(this.d.upstreamCa ? { ca: this.d.upstreamCa } : {}) } as never)
+    this.ws.ws(req, socket, head, { target: origin, changeOrigin: true, secure: true, ssl: { lookup: to.lookup }, ...(this.d.upstreamCa ? { ca: this.d.upstreamCa } : {}) } as never)
   }
 
   async close(graceMs: number): Promise<void> {

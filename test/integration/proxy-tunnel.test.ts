@@ -227,7 +227,7 @@ t.test('a key revoked while its tunnel is open: the next request inside gets 407
 t.test('idle tunnels are closed: before their first byte and between requests, as plain connections', async (t) => {
   // A proxy on the same gateway parts with a short idle limit (the gateway's is 65 s).
   const IDLE = 1_000
-  const upstream = new Upstream(upstreamCaFile)
+  const upstream = new Upstream(upstreamCaFile, gw.gw.egress)
   const idle = new ProxyServer({
     engine: gw.gw.engine,
     registry: gw.gw.registry,
