@@ -26,6 +26,7 @@ import { Reconciler } from './engine/reconciler.js'
 import { Upstream } from './engine/upstream.js'
 import { EgressGuard, type Resolver } from './net/egress.js'
 import { EventBus } from './events/bus.js'
+import { RecordHooks } from './ledger/record-hooks.js'
 import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
@@ -65,6 +66,8 @@ export interface Gateway {
   readonly transactions: Transactions
   readonly outbox: Outbox
   readonly events: EventBus
+  /** The record hook: contributors keep their state in the same write as each transaction record. */
+  readonly hooks: RecordHooks
   readonly reconciler: Reconciler
   readonly proxy: ProxyServer
   readonly ca: CertificateAuthority
@@ -178,13 +181,14 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     egress.protect(config.api.port, config.proxy.port)
     upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs)
     const events = new EventBus()
+    const hooks = new RecordHooks()
     const rails = railsOf(config, opts)
     const settings = mppSettings(config)
     const mpp = new MppAdapter(upstream, new MppSessions(store, registry, clock), rails, settings, clock)
     const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock, config.pay.maxAuthorizationSeconds)
     const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
     const engine = new PaymentEngine({
-      ...{ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, clock, log },
+      ...{ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, hooks, clock, log },
       ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment },
     })
     reconciler = new Reconciler(engine, chain, transactions, clock, log)
@@ -243,6 +247,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       transactions,
       outbox,
       events,
+      hooks,
       reconciler,
       proxy,
       ca,

@@ -41,7 +41,7 @@ export class Reconciler {
     const open: TxRecord[] = []
     for (const status of ['pending', 'unknown'] as const) for await (const r of this.transactions.all(status)) open.push(r)
     for (const r of open) {
-      if (this.engine.inFlight.has(r.id)) continue
+      if (this.engine.leases.isHeld(r.id)) continue
       await this.settle(r)
     }
   }
@@ -50,14 +50,14 @@ export class Reconciler {
     const a = r.authorization
     if (!a) {
       // Crashed before anything was signed: nothing can have been paid.
-      await this.engine.finish(r, { status: 'failed', error: 'interrupted before signing' }, 'release')
+      await this.engine.recorder.finish(r, { status: 'failed', error: 'interrupted before signing' }, 'release')
       return
     }
     const nowMs = this.clock.now()
     if (!isEip3009(a)) {
       // No on-chain state to ask (an MPP intent or a rail's token): held until the merchant can no longer redeem it.
       if (a.expiresAt <= nowMs) {
-        await this.engine.finish(r, { status: 'failed', error: r.error ?? 'outcome unknown; the proof expired, reservation released' }, 'release')
+        await this.engine.recorder.finish(r, { status: 'failed', error: r.error ?? 'outcome unknown; the proof expired, reservation released' }, 'release')
         this.log.info({ transactionId: r.id }, 'reconciled: an off-chain proof expired with its outcome unknown, reservation released')
       }
       return
@@ -66,10 +66,10 @@ export class Reconciler {
     const fate = await this.chain.authorizationFate(a.from as `0x${string}`, a.nonce as `0x${string}`, BigInt(a.validBefore))
     if (fate === 'used') {
       const res = { status: r.upstreamStatus ?? 502, headers: {}, body: Readable.from([Buffer.alloc(0)]) }
-      await this.engine.paid(r, res, { protocol: r.protocol ?? 'x402', rail: r.rail ?? 'stablecoin' })
+      await this.engine.recorder.paid(r, res, { protocol: r.protocol ?? 'x402', rail: r.rail ?? 'stablecoin' })
       this.log.info({ transactionId: r.id }, 'reconciled: the authorization was used on chain, recorded as paid')
     } else if (fate === 'unused') {
-      await this.engine.finish(r, { status: 'failed', error: r.error ?? 'authorization expired unused' }, 'release')
+      await this.engine.recorder.finish(r, { status: 'failed', error: r.error ?? 'authorization expired unused' }, 'release')
       this.log.info({ transactionId: r.id }, 'reconciled: the authorization expired unused, reservation released')
     }
   }

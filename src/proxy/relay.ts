@@ -1,18 +1,14 @@
 import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http'
 import { Readable } from 'node:stream'
-import { PaymentEngine, type PayStart } from '../engine/engine.js'
-import type { UpstreamError, UpstreamResponse } from '../engine/upstream.js'
+import { relayable, type FirstAnswer, type PayStart } from '../engine/engine.js'
+import type { UpstreamError } from '../engine/upstream.js'
 import { PaygateError } from '../errors/index.js'
 import type { FastConn } from './fast.js'
 import { relayResponseHead, type Framing, type ResponseHead } from './http1.js'
 import type { Exchange, ExchangeSink, Origin, OriginPool } from './origins.js'
 
-/** What the first send on the fast path came to. */
-export type FirstSend =
-  | { kind: 'relayed'; status: number }
-  | { kind: 'engine'; response: UpstreamResponse }
-  /** A response the fast path leaves alone: the engine asks again on its own client (the method is idempotent). */
-  | { kind: 'fallback' }
+/** What the first send on the fast path came to (`fallback`: a response it leaves alone; the engine asks again on its own client, the method being idempotent). */
+export type FirstSend = FirstAnswer
 
 /** The request head for the target: origin-form, Host from the URL, the engine's headers. */
 export function requestHead(method: string, path: string, authority: string, start: PayStart): string {
@@ -85,7 +81,7 @@ class FirstSendSink implements ExchangeSink {
       this.resolve({ kind: 'fallback' })
       return false
     }
-    if (PaymentEngine.relayable(this.start, head.status)) {
+    if (relayable(this.start, head.status)) {
       this.mode = 'relay'
       this.status = head.status
       if (!this.conn.alive) {

@@ -4,7 +4,7 @@ import { Duplex, Readable } from 'node:stream'
 import { TLSSocket } from 'node:tls'
 import httpProxy from 'http-proxy'
 import type { Registry } from '../agents/registry.js'
-import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
+import type { FirstAnswer, PaymentEngine, PayOutcome, PayRequest, PayStart } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { unreachable, type Upstream } from '../engine/upstream.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
@@ -633,20 +633,15 @@ export class ProxyServer implements FastHost {
     let status = 0
     let paid: bigint | null = null
     let errorCode: string | undefined
-    /** The target's first answer while the engine has it: dropped if the engine fails. */
-    let pendingBody: Readable | null = null
     try {
       const payReq: PayRequest = { agentId, url, origin, method, headers: forwardRequestHeaders(head.map as IncomingHttpHeaders, this.d.engine.acceptPayment), body: null }
-      const start = this.d.engine.beginCached(payReq) ?? (await this.d.engine.begin(payReq))
-      const sent = sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
-      this.d.engine.signAhead(start)
-      const first = await sent
-      if (first.kind === 'relayed') {
-        status = first.status
+      // The first request goes out on the proxy's own keep-alive path, which relays a plain answer itself.
+      const firstSend = (start: PayStart): Promise<FirstAnswer> => sendFirst(this.origins, conn, start, dest, requestHead(method, path, host, start), method)
+      const out = await this.d.engine.pay(payReq, { firstSend })
+      if ('relayed' in out) {
+        status = out.status
         return
       }
-      if (first.kind === 'engine') pendingBody = first.response.body
-      const out = first.kind === 'engine' ? await this.d.engine.resume(start, first.response) : await this.d.engine.pay(payReq)
       const a = this.answerOf(out)
       ;({ status, paid, errorCode } = a)
       await writeAnswer(conn, method, status, a.headers, out.response.body)
@@ -654,7 +649,6 @@ export class ProxyServer implements FastHost {
       const err = this.failure(e, agentId)
       errorCode = err.code
       status = err.status
-      pendingBody?.destroy()
       await this.writeError(conn, method, err)
     } finally {
       this.logRequest(agentId, method, host, status, paid, errorCode, started)

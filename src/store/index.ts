@@ -1,6 +1,8 @@
 import { mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { Level } from 'level'
+import { KeyedMutex } from '../util/mutex.js'
+import { outcome, type Result } from '../util/result.js'
 import { Wal, type WalOp } from './wal.js'
 
 /**
@@ -130,6 +132,7 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 export class Store {
   private readonly db: Level<string, unknown>
   private readonly colls = new Map<string, LevelCollection<any>>()
+  private readonly locks = new KeyedMutex()
   private wal!: Wal
   /** batches called in this tick, logged together */
   private pending: { ops: BatchOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
@@ -190,6 +193,20 @@ export class Store {
   /** The logged state of a full key while it is not yet in LevelDB. */
   logged(key: string): Logged | undefined {
     return this.overlay.get(key)
+  }
+
+  /**
+   * A read-modify-write of the state behind `key`, atomic in this process: `fn` runs while no
+   * other transact() of `key` runs, and the operations it returns are enqueued as one batch
+   * before the lock is released, so the next holder reads after them. The caller awaits
+   * `written` outside the lock (the next decision need not wait for the disk). A database
+   * backend implements the same with a row lock held until its batch commits.
+   */
+  async transact<T>(key: string, fn: () => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
+    return this.locks.run(key, async () => {
+      const { ops, result } = await fn()
+      return { result, written: outcome(this.batch(ops as BatchOp[])) }
+    })
   }
 
   /**

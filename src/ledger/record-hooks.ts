@@ -1,0 +1,45 @@
+import type { BatchOp } from '../store/index.js'
+import type { TxRecord } from './transactions.js'
+
+/**
+ * A change to a transaction record, as the engine writes it. `rejected`: a policy refusal,
+ * recorded; `reserved`: the hold and the pending record; `paid`: settled, with its ledger
+ * record; `finished`: closed unpaid (failed, released) or left open (held); without `prev`
+ * when it failed before anything was reserved (insufficient funds).
+ */
+export type RecordChange =
+  | { kind: 'rejected'; record: TxRecord }
+  | { kind: 'reserved'; record: TxRecord }
+  | { kind: 'paid'; record: TxRecord; prev: TxRecord }
+  | { kind: 'finished'; record: TxRecord; prev?: TxRecord }
+
+/** Returns store operations to write in the same atomic batch as the record (aggregates, an event outbox entry). */
+export type RecordContributor = (change: RecordChange) => BatchOp[]
+
+const NONE: readonly BatchOp[] = Object.freeze([])
+
+/**
+ * The record hook: contributors registered at the composition root (metrics, notifications)
+ * keep their own state in step with the records by adding to each record's write, inside the
+ * engine's locked section, so a crash can never leave one without the other. The engine
+ * never imports them. A contributor must be synchronous, fast and must not throw.
+ */
+export class RecordHooks {
+  private contributors: RecordContributor[] = []
+
+  add(contributor: RecordContributor): () => void {
+    this.contributors = [...this.contributors, contributor]
+    return () => {
+      this.contributors = this.contributors.filter((c) => c !== contributor)
+    }
+  }
+
+  /** The extra operations for `change` (none, without allocating, when nobody is registered). */
+  ops(change: RecordChange): readonly BatchOp[] {
+    const cs = this.contributors
+    if (cs.length === 0) return NONE
+    const out: BatchOp[] = []
+    for (const c of cs) out.push(...c(change))
+    return out
+  }
+}
