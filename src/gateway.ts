@@ -4,7 +4,7 @@ import type { Server as NetServer } from 'node:net'
 import { rootCertificates } from 'node:tls'
 import type { AddressInfo } from 'node:net'
 import { Registry } from './agents/registry.js'
-import { TokenBucket } from './api/rate-limit.js'
+import { ApiRateLimits } from './api/rate-limit.js'
 import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
 import { caRoutes } from './api/routes/ca.js'
@@ -179,7 +179,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     api = createApiServer({
       router,
       registry,
-      rateLimit: new TokenBucket(config.api.rateLimit.perMinute, config.api.rateLimit.burst, clock),
+      rateLimit: new ApiRateLimits(config.api.rateLimit, clock),
       log,
       maxBodyBytes: config.api.maxBodyBytes,
     })

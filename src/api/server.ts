@@ -4,13 +4,13 @@ import { unredacted, type Logger } from '../log/index.js'
 import type { Identity, Registry } from '../agents/registry.js'
 import { PaygateError, toPaygateError } from '../errors/index.js'
 import { errorReply, readJsonBody, sendReply } from './http.js'
-import type { TokenBucket } from './rate-limit.js'
+import type { ApiRateLimits } from './rate-limit.js'
 import type { Reply, Router } from './router.js'
 
 export interface ApiDeps {
   router: Router
   registry: Registry
-  rateLimit: TokenBucket
+  rateLimit: ApiRateLimits
   log: Logger
   maxBodyBytes: number
 }
@@ -60,6 +60,16 @@ function answerClientError(e: NodeJS.ErrnoException & { reason?: string }, socke
   socket.end(`${head.join('\r\n')}\r\n\r\n${body}`, () => socket.destroy())
 }
 
+/** Who called, for the limits: 401 for a bad key, or 429 once its address has sent too many. */
+async function caller(req: IncomingMessage, registry: Registry, limits: ApiRateLimits): Promise<Identity> {
+  try {
+    return await authenticate(req, registry)
+  } catch (e) {
+    limits.refused(req.socket.remoteAddress ?? 'unknown')
+    throw e
+  }
+}
+
 /** The /v1 API and health endpoints on one node:http server. */
 export function createApiServer(deps: ApiDeps): Server {
   const { router, registry, rateLimit, log, maxBodyBytes } = deps
@@ -75,19 +85,11 @@ export function createApiServer(deps: ApiDeps): Server {
     }
     const { route, params } = match
     if (route.access !== 'public') {
-      seen.identity = await authenticate(req, registry)
+      seen.identity = await caller(req, registry, rateLimit)
       if (route.access === 'account' && seen.identity.kind !== 'account') {
         throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
       }
-      const taken = rateLimit.take()
-      if (!taken.ok) {
-        throw new PaygateError(
-          'rate_limited',
-          `account API rate limit exceeded; retry in ${taken.retryAfter} s`,
-          { retryAfter: taken.retryAfter },
-          { 'retry-after': String(taken.retryAfter) },
-        )
-      }
+      rateLimit.admit(seen.identity)
     }
     let parsed: Promise<unknown> | undefined
     return route.handler({
