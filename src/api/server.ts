@@ -96,7 +96,7 @@ export function createApiServer(deps: ApiDeps): Server {
       url,
       params,
       identity: seen.identity,
-      body: () => (parsed ??= readJsonBody(req, maxBodyBytes)),
+      body: () => (parsed ??= readJsonBody(req, maxBodyBytes, route.maxJsonDepth)),
     })
   }
 
