@@ -182,6 +182,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       rateLimit: new ApiRateLimits(config.api.rateLimit, clock),
       log,
       maxBodyBytes: config.api.maxBodyBytes,
+      requestTimeoutMs: config.api.requestTimeoutMs,
     })
     const ca = await CertificateAuthority.load(config.certsDir)
     proxy = new ProxyServer({
@@ -192,6 +193,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       idempotency,
       log,
       maxBufferBytes: config.proxy.maxBufferBytes,
+      bufferTimeoutMs: config.proxy.bufferTimeoutMs,
       defaultAgent: config.proxy.defaultAgent,
       passThrough: config.proxy.passThrough,
       accessLog: config.proxy.accessLog,

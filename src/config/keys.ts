@@ -92,6 +92,13 @@ export const KEYS: readonly KeySpec[] = [
     doc: 'Per client address: requests per minute whose API key is missing, malformed, unknown or revoked (401). Past it they get 429 `rate_limited`; they never count against valid keys.',
   },
   { path: 'api.rateLimit.unauthenticated.burst', kind: 'int', min: 1, max: 10_000_000, doc: 'Per client address: burst of requests without a valid API key.' },
+  {
+    path: 'api.requestTimeoutMs',
+    kind: 'int',
+    min: 1000,
+    max: 600_000,
+    doc: 'Deadline for receiving a whole API request, head and body, in ms. Past it: 408 with the error body (`invalid_request`), and the connection closes.',
+  },
   { path: 'proxy.host', kind: 'host', doc: 'Address the forward-proxy port binds to.' },
   { path: 'proxy.port', kind: 'port', doc: 'Forward-proxy port. 0 picks a free port.' },
   {
@@ -120,6 +127,13 @@ export const KEYS: readonly KeySpec[] = [
     min: 1000,
     max: 3_600_000,
     doc: 'How long a proxy connection, or a CONNECT tunnel, may sit idle (also before its first byte) before it is closed, in ms.',
+  },
+  {
+    path: 'proxy.bufferTimeoutMs',
+    kind: 'int',
+    min: 1000,
+    max: 600_000,
+    doc: 'Deadline for receiving a request body the proxy buffers (up to `proxy.maxBufferBytes`), in ms. Past it: 408 with `X-Paygate-Error: invalid_request`, and the connection closes.',
   },
   { path: 'proxy.passThrough', kind: 'hostList', doc: 'Hosts tunnelled untouched through CONNECT (no interception, no paying), for pinned clients. Comma-separated in the environment.' },
   { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },

@@ -14,6 +14,7 @@ export interface Config {
     host: string
     port: number
     maxBodyBytes: number
+    requestTimeoutMs: number
     rateLimit: {
       perMinute: number
       burst: number
@@ -22,7 +23,17 @@ export interface Config {
       unauthenticated: { perMinute: number; burst: number }
     }
   }
-  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[]; accessLog: boolean; idleTimeoutMs: number }
+  proxy: {
+    host: string
+    port: number
+    maxBufferBytes: number
+    bufferTimeoutMs: number
+    defaultAgent: string | null
+    allowRemoteDefaultAgent: boolean
+    passThrough: string[]
+    accessLog: boolean
+    idleTimeoutMs: number
+  }
   chain: {
     rpcUrl: string | null
     chainId: number

@@ -5,10 +5,13 @@ import { MAX_PAY_BODY_DEPTH } from '../../src/api/routes/pay.js'
 import { jsonDepth } from '../../src/util/json-depth.js'
 import { startTestGateway } from '../helpers/gateway.js'
 import { listenForTest } from '../helpers/listen.js'
+import { basic, chunked, rawExchange } from './raw.js'
 
 const gw = await startTestGateway()
 t.teardown(() => gw.close())
-await gw.api('POST', '/v1/agents', { body: { agentId: 'limits' } })
+const apiPort = Number(new URL(gw.url).port)
+const proxyPort = Number(new URL(gw.gw.proxyUrl).port)
+const agent = (await gw.api('POST', '/v1/agents', { body: { agentId: 'limits' } })).body as { agentId: string; apiKey: string }
 
 const nested = (depth: number, leaf = '1'): string => '['.repeat(depth) + leaf + ']'.repeat(depth)
 
@@ -60,4 +63,50 @@ t.test('a target answer nested deeper than the limit comes back as text in data'
   const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'limits', endpoint: `http://127.0.0.1:${port}/deep` } })
   t.equal(r.status, 200)
   t.equal(r.body?.data, deep)
+})
+
+const apiHead = (extra: string): string =>
+  `POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\n${extra}\r\n`
+
+t.test('a 2.5 MiB chunked body to the API: 413 payload_too_large with the error body, no reset', async (t) => {
+  const r = await rawExchange(apiPort, [apiHead('Transfer-Encoding: chunked\r\n'), ...chunked(2.5 * 1024 * 1024)])
+  t.equal(r.error, null, 'no TCP reset')
+  t.equal(r.status, 413)
+  t.same(JSON.parse(r.body || 'null')?.error, 'payload_too_large')
+  t.equal(r.headers.connection, 'close')
+})
+
+t.test('a 2.5 MiB body with its Content-Length: 413, no reset', async (t) => {
+  const n = 2.5 * 1024 * 1024
+  const r = await rawExchange(apiPort, [apiHead(`Content-Length: ${n}\r\n`), Buffer.alloc(n, 0x20)])
+  t.equal(r.error, null, 'no TCP reset')
+  t.same([r.status, JSON.parse(r.body || 'null')?.error], [413, 'payload_too_large'])
+})
+
+const pad = 'a'.repeat(200 * 1024)
+
+t.test('a 200 KiB header on the API port: 431 with the error body, no reset', async (t) => {
+  const r = await rawExchange(apiPort, [`GET /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: ${pad}\r\n\r\n`])
+  t.equal(r.error, null, 'no TCP reset')
+  t.equal(r.status, 431)
+  t.same(JSON.parse(r.body || 'null')?.error, 'invalid_request')
+})
+
+t.test('a 200 KiB header on the proxy port: 431 with X-Paygate-Error and the error body, no reset', async (t) => {
+  const auth = basic(agent.agentId, agent.apiKey)
+  const r = await rawExchange(proxyPort, [`GET http://127.0.0.1:9/x HTTP/1.1\r\nHost: 127.0.0.1:9\r\nProxy-Authorization: ${auth}\r\nX-Pad: ${pad}\r\n\r\n`])
+  t.equal(r.error, null, 'no TCP reset')
+  t.equal(r.status, 431)
+  t.equal(r.headers['x-paygate-error'], 'invalid_request')
+  t.same(JSON.parse(r.body || 'null')?.error, 'invalid_request')
+  t.equal(r.headers.connection, 'close')
+})
+
+t.test('a 200 KiB header inside a plain-HTTP CONNECT tunnel: 431 the same way', async (t) => {
+  const auth = basic(agent.agentId, agent.apiKey)
+  const r = await rawExchange(proxyPort, [`CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\nProxy-Authorization: ${auth}\r\n\r\n`, `GET /x HTTP/1.1\r\nHost: 127.0.0.1:9\r\nX-Pad: ${pad}\r\n\r\n`], { pauseMs: 50 })
+  t.equal(r.error, null, 'no TCP reset')
+  const second = r.text.slice(r.text.indexOf('\r\n\r\n') + 4)
+  t.match(second, /^HTTP\/1\.1 431 /)
+  t.match(second, /x-paygate-error: invalid_request/i)
 })
