@@ -94,14 +94,14 @@ async function floodGateway(t: Test, env: Record<string, string>): Promise<{ gw:
 }
 
 t.test('an agent-key flood: the account key and another agent key keep working, the flooding key gets 429', async (t) => {
-  // Per key 200 at once + 10/s: in at most 10 s the flooder takes at most 300 of the account's
-  // 1000 (+100/s), and the others at most 200 each, so their calls never meet the reserve.
-  const { gw, flooder, other } = await floodGateway(t, { PAYGATE_API_RATE_LIMIT_PER_KEY_PER_MINUTE: '600', PAYGATE_API_RATE_LIMIT_PER_KEY_BURST: '200' })
+  // Per key 100 at once + 5/s: in at most 10 s the flooder takes at most 150 of the account's
+  // 1000 (+100/s), and the others at most 150 each, so their calls never meet the reserve (200).
+  const { gw, flooder, other } = await floodGateway(t, { PAYGATE_API_RATE_LIMIT_PER_KEY_PER_MINUTE: '300', PAYGATE_API_RATE_LIMIT_PER_KEY_BURST: '100' })
   let flooding = true
   const [flood1, acct, agentB] = await Promise.all([
-    flood(() => gw.api('GET', '/v1/policies/flooder', { key: flooder.apiKey }), 1500, 10_000, 16).finally(() => (flooding = false)),
-    alongside(() => gw.api('GET', '/v1/agents?limit=1'), () => flooding, 20, 150),
-    alongside(() => gw.api('GET', '/v1/policies/other', { key: other.apiKey }), () => flooding, 20, 150),
+    flood(() => gw.api('GET', '/v1/policies/flooder', { key: flooder.apiKey }), 600, 10_000, 8).finally(() => (flooding = false)),
+    alongside(() => gw.api('GET', '/v1/agents?limit=1'), () => flooding, 20, 100),
+    alongside(() => gw.api('GET', '/v1/policies/other', { key: other.apiKey }), () => flooding, 20, 100),
   ])
   t.ok(flood1.includes(429), `the flooding key got 429 (${flood1.filter((s) => s === 429).length} of ${flood1.length})`)
   t.ok(share429(acct) < 0.01, `account key: ${acct.filter((s) => s === 429).length} 429s of ${acct.length}`)
