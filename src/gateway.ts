@@ -4,7 +4,7 @@ import type { Server as NetServer } from 'node:net'
 import { rootCertificates } from 'node:tls'
 import type { AddressInfo } from 'node:net'
 import { Registry } from './agents/registry.js'
-import { TokenBucket } from './api/rate-limit.js'
+import { ApiRateLimits } from './api/rate-limit.js'
 import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
 import { caRoutes } from './api/routes/ca.js'
@@ -210,9 +210,10 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     api = createApiServer({
       router,
       registry,
-      rateLimit: new TokenBucket(config.api.rateLimit.perMinute, config.api.rateLimit.burst, clock),
+      rateLimit: new ApiRateLimits(config.api.rateLimit, clock),
       log,
       maxBodyBytes: config.api.maxBodyBytes,
+      requestTimeoutMs: config.api.requestTimeoutMs,
     })
     const ca = await CertificateAuthority.load(config.certsDir)
     proxy = new ProxyServer({
@@ -223,6 +224,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       idempotency,
       log,
       maxBufferBytes: config.proxy.maxBufferBytes,
+      bufferTimeoutMs: config.proxy.bufferTimeoutMs,
       defaultAgent: config.proxy.defaultAgent,
       passThrough: config.proxy.passThrough,
       accessLog: config.proxy.accessLog,

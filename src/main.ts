@@ -16,6 +16,9 @@ const USAGE = `usage: paygate [command] [--flags]
                                 SSL_CERT_FILE, CURL_CA_BUNDLE and the like
 flags: every configuration key, e.g. --api-port 0 --chain-rpc-url http://… (see docs/configuration.md)`
 
+/** A second SIGINT/SIGTERM this soon after the first is part of the same shutdown request; later, it forces the exit. */
+const SAME_SIGNAL_MS = 1000
+
 /** `paygate deploy-ledger`: uses the data directory's stored signer unless chain.signerKey is set. */
 async function deployLedger(config: Config, withToken: boolean): Promise<void> {
   const store = await Store.open(config.dataDir)
@@ -64,13 +67,17 @@ async function main(): Promise<void> {
     if (process.stdout.isTTY) process.stdout.write(`\n  Account key (shown once here): ${gw.accountKey.apiKey}\n\n`)
   }
 
-  let stopping = false
+  let stoppedAt: number | null = null
   const stop = (signal: string): void => {
-    if (stopping) {
+    if (stoppedAt !== null) {
+      // Ctrl-C under `npm start` can reach the gateway twice some milliseconds apart: from the
+      // terminal to the process group, and again from tsx, which relays a signal the gateway
+      // has not acknowledged within 30 ms (a busy event loop). That is the same request.
+      if (performance.now() - stoppedAt < SAME_SIGNAL_MS) return
       log.warn({ signal }, 'second signal: exiting now')
       process.exit(1)
     }
-    stopping = true
+    stoppedAt = performance.now()
     log.info({ signal }, 'shutting down')
     gw.close().then(
       () => {

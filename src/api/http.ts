@@ -1,23 +1,45 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { PaygateError, invalid } from '../errors/index.js'
-import { collect } from '../util/collect.js'
+import { collectUpTo, discard } from '../util/collect.js'
+import { jsonDepth } from '../util/json-depth.js'
 import type { Reply } from './router.js'
 
-/** Read and parse a JSON body; empty means `{}`. Enforces the size limit and content type. */
-export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
+/** Nesting of arrays and objects allowed in an API request body; deeper is 400 `invalid_request`. */
+export const MAX_JSON_DEPTH = 64
+/** A body over the size limit is still read and dropped up to this many times the limit, so the 413 reaches a client still sending. */
+const DRAIN_FACTOR = 4
+
+/**
+ * Read and parse a JSON body; empty means `{}`. Enforces the size limit, the nesting depth
+ * (walkers such as canonical key sorting recurse, and deep enough JSON overflows the stack)
+ * and the content type.
+ */
+export async function readJsonBody(req: IncomingMessage, maxBytes: number, maxDepth = MAX_JSON_DEPTH): Promise<unknown> {
   const declared = Number(req.headers['content-length'] ?? 0)
-  if (declared > maxBytes) throw new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
-  const body = await collect(req, maxBytes, () => new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`), declared || undefined)
-  if (body.length === 0) return {}
+  const tooLarge = (): PaygateError => new PaygateError('payload_too_large', `request body exceeds ${maxBytes} bytes`)
+  if (declared > maxBytes) {
+    if (declared <= maxBytes * DRAIN_FACTOR) await discard(req, declared)
+    throw tooLarge()
+  }
+  const { head, rest } = await collectUpTo(req, maxBytes, declared || undefined)
+  if (rest) {
+    await discard(rest, maxBytes * DRAIN_FACTOR - head.length)
+    throw tooLarge()
+  }
+  if (head.length === 0) return {}
   const type = String(req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
   if (type !== 'application/json' && !type.endsWith('+json')) {
     throw invalid('content-type', 'the body must be JSON sent with Content-Type: application/json')
   }
+  const text = head.toString('utf8')
+  let parsed: unknown
   try {
-    return JSON.parse(body.toString('utf8'))
+    parsed = JSON.parse(text)
   } catch {
     throw invalid('body', 'the body is not valid JSON')
   }
+  if (jsonDepth(text) > maxDepth) throw invalid('body', `the body nests arrays and objects deeper than ${maxDepth} levels`)
+  return parsed
 }
 
 export function sendReply(res: ServerResponse, reply: Reply): void {

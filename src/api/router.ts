@@ -27,6 +27,8 @@ export interface Route {
   method: string
   path: string
   access: Access
+  /** How deeply the JSON body may nest (default MAX_JSON_DEPTH). */
+  maxJsonDepth?: number
   handler(ctx: RouteCtx): Promise<Reply>
 }
 

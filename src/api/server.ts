@@ -2,17 +2,21 @@ import { STATUS_CODES, createServer, type IncomingMessage, type Server, type Ser
 import type { Duplex } from 'node:stream'
 import { unredacted, type Logger } from '../log/index.js'
 import type { Identity, Registry } from '../agents/registry.js'
-import { PaygateError, toPaygateError } from '../errors/index.js'
+import { PaygateError, RequestTimeoutError, toPaygateError } from '../errors/index.js'
+import { parserRefusal } from '../errors/http-parser.js'
+import { endLingering } from '../util/linger.js'
 import { errorReply, readJsonBody, sendReply } from './http.js'
-import type { TokenBucket } from './rate-limit.js'
+import type { ApiRateLimits } from './rate-limit.js'
 import type { Reply, Router } from './router.js'
 
 export interface ApiDeps {
   router: Router
   registry: Registry
-  rateLimit: TokenBucket
+  rateLimit: ApiRateLimits
   log: Logger
   maxBodyBytes: number
+  /** Deadline for a whole request, head and body, from its first byte (`api.requestTimeoutMs`). */
+  requestTimeoutMs: number
 }
 
 const BEARER_RE = /^Bearer[ \t]+(\S+)[ \t]*$/i
@@ -29,17 +33,6 @@ async function authenticate(req: IncomingMessage, registry: Registry): Promise<I
 }
 
 /**
- * Where Node's bare answer to a refused request has a status of its own, it is kept: 413 is
- * our `payload_too_large`; 431 and 408 have no code of ours, so their body says
- * `invalid_request`. Anything else the parser refuses is 400 `invalid_request`.
- */
-const PARSER_ERRORS: Record<string, { status: number; error: PaygateError }> = {
-  HPE_HEADER_OVERFLOW: { status: 431, error: new PaygateError('invalid_request', 'request headers are too large') },
-  HPE_CHUNK_EXTENSIONS_OVERFLOW: { status: 413, error: new PaygateError('payload_too_large', 'chunk extensions are too large') },
-  ERR_HTTP_REQUEST_TIMEOUT: { status: 408, error: new PaygateError('invalid_request', 'the request was not received in time') },
-}
-
-/**
  * A request Node's HTTP parser refuses (a bad header line, `Content-Length: abc`) is answered
  * with the spec's error body instead of Node's bare status line, and the connection closed.
  */
@@ -48,7 +41,7 @@ function answerClientError(e: NodeJS.ErrnoException & { reason?: string }, socke
     socket.destroy()
     return
   }
-  const { status, error } = PARSER_ERRORS[e.code ?? ''] ?? { status: 400, error: new PaygateError('invalid_request', `malformed HTTP request: ${e.reason ?? e.message}`) }
+  const { status, error } = parserRefusal(e)
   const body = JSON.stringify(error.toBody())
   const head = [
     `HTTP/1.1 ${status} ${STATUS_CODES[status]}`,
@@ -57,17 +50,50 @@ function answerClientError(e: NodeJS.ErrnoException & { reason?: string }, socke
     'cache-control: no-store',
     'connection: close',
   ]
-  socket.end(`${head.join('\r\n')}\r\n\r\n${body}`, () => socket.destroy())
+  endLingering(socket, `${head.join('\r\n')}\r\n\r\n${body}`)
+}
+
+/**
+ * Per socket, the responses under way and the parser error to answer once they are done (the
+ * error answer must not cut into them: a bad request pipelined behind good ones). `late`
+ * fails the body read under way when the request's deadline passes; `timedOut` any later one.
+ */
+interface Flight {
+  responses: number
+  refused?: () => void
+  late?: () => void
+  timedOut?: boolean
+}
+
+/** The body, or the deadline's 408 if the request is not in by then (Node's requestTimeout reports it as a client error). */
+function bodyWithin(flight: Flight, read: () => Promise<unknown>): Promise<unknown> {
+  if (flight.timedOut) return Promise.reject(new RequestTimeoutError())
+  return new Promise((resolve, reject) => {
+    flight.late = () => reject(new RequestTimeoutError())
+    read()
+      .then(resolve, reject)
+      .finally(() => (flight.late = undefined))
+  })
+}
+
+/** Who called, for the limits: 401 for a bad key, or 429 once its address has sent too many. */
+async function caller(req: IncomingMessage, registry: Registry, limits: ApiRateLimits): Promise<Identity> {
+  try {
+    return await authenticate(req, registry)
+  } catch (e) {
+    limits.refused(req.socket.remoteAddress ?? 'unknown')
+    throw e
+  }
 }
 
 /** The /v1 API and health endpoints on one node:http server. */
 export function createApiServer(deps: ApiDeps): Server {
-  const { router, registry, rateLimit, log, maxBodyBytes } = deps
+  const { router, registry, rateLimit, log, maxBodyBytes, requestTimeoutMs } = deps
   /** The access line's fields are fixed and secret-free: no redaction pass on the hot path. */
   const access = unredacted(log)
 
   /** `seen` collects the caller's identity for the access log, also when the handler fails. */
-  async function handle(req: IncomingMessage, url: URL, seen: { identity: Identity | null }): Promise<Reply> {
+  async function handle(req: IncomingMessage, url: URL, seen: { identity: Identity | null }, flight: Flight): Promise<Reply> {
     const match = router.match(req.method ?? 'GET', url.pathname)
     if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
     if ('allow' in match) {
@@ -75,36 +101,25 @@ export function createApiServer(deps: ApiDeps): Server {
     }
     const { route, params } = match
     if (route.access !== 'public') {
-      seen.identity = await authenticate(req, registry)
+      seen.identity = await caller(req, registry, rateLimit)
       if (route.access === 'account' && seen.identity.kind !== 'account') {
         throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
       }
-      const taken = rateLimit.take()
-      if (!taken.ok) {
-        throw new PaygateError(
-          'rate_limited',
-          `account API rate limit exceeded; retry in ${taken.retryAfter} s`,
-          { retryAfter: taken.retryAfter },
-          { 'retry-after': String(taken.retryAfter) },
-        )
-      }
+      rateLimit.admit(seen.identity)
     }
     let parsed: Promise<unknown> | undefined
     return route.handler({
       url,
       params,
       identity: seen.identity,
-      body: () => (parsed ??= readJsonBody(req, maxBodyBytes)),
+      body: () => (parsed ??= bodyWithin(flight, () => readJsonBody(req, maxBodyBytes, route.maxJsonDepth))),
     })
   }
 
-  /**
-   * Per socket, the responses under way and the parser error to answer once they are done:
-   * the error answer must not cut into them (a bad request pipelined behind good ones).
-   */
-  const inFlight = new WeakMap<Duplex, { responses: number; refused?: () => void }>()
+  const inFlight = new WeakMap<Duplex, Flight>()
 
-  const server = createServer({ keepAliveTimeout: 65_000 }, (req: IncomingMessage, res: ServerResponse) => {
+  // requestTimeout bounds head and body together (headersTimeout follows it); the check runs each second.
+  const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: requestTimeoutMs, connectionsCheckingInterval: 1000 }, (req: IncomingMessage, res: ServerResponse) => {
     const started = process.hrtime.bigint()
     let flight = inFlight.get(req.socket)
     if (!flight) inFlight.set(req.socket, (flight = { responses: 0 }))
@@ -120,7 +135,7 @@ export function createApiServer(deps: ApiDeps): Server {
       return
     }
     const seen: { identity: Identity | null } = { identity: null }
-    handle(req, url, seen)
+    handle(req, url, seen, flight)
       .then(
         (reply) => reply,
         (e: unknown) => {
@@ -154,8 +169,14 @@ export function createApiServer(deps: ApiDeps): Server {
     if (refused.has(socket)) return
     refused.add(socket)
     const flight = inFlight.get(socket)
-    if (flight?.responses) flight.refused = () => answerClientError(e, socket)
-    else answerClientError(e, socket)
+    if (flight?.responses) {
+      flight.refused = () => answerClientError(e, socket)
+      // A body still on its way past the deadline: the handler reading it answers 408.
+      if (e.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+        flight.timedOut = true
+        flight.late?.()
+      }
+    } else answerClientError(e, socket)
   })
   return server
 }

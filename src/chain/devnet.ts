@@ -70,6 +70,7 @@ import * as os from 'node:os'
 import * as path from 'node:path'
 import { promisify } from 'node:util'
 import * as zlib from 'node:zlib'
+import { lockFile } from './dir-lock.js'
 
 const gunzip = promisify(zlib.gunzip)
 
@@ -481,34 +482,28 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const dir = path.resolve(opts.dataDir)
   fs.mkdirSync(dir, { recursive: true })
 
-  // one owner per data dir
-  const lockFile = path.join(dir, 'devnet.lock')
+  // one owner per data dir: an OS file lock, released by the kernel when its holder dies
   if (openDirs.has(dir)) throw new Error(`embedded chain: ${dir} is already open in this process`)
-  try {
-    const holder = Number(fs.readFileSync(lockFile, 'utf8'))
-    if (holder && holder !== process.pid && pidAlive(holder)) throw new Error(`embedded chain: ${dir} is in use by process ${holder}`)
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e
+  const lock = lockFile(path.join(dir, 'devnet.lock'), `embedded chain: ${dir}`)
+  openDirs.add(dir)
+  const unlock = (): void => {
+    openDirs.delete(dir)
+    lock.release()
   }
+  if (!lock.kernel) log('flock(1) not found: the data dir lock falls back to a pid check', {}, 'warn')
 
   const metaFile = path.join(dir, 'chain.json')
   let meta: ChainMeta
   if (fs.existsSync(metaFile)) {
     meta = JSON.parse(fs.readFileSync(metaFile, 'utf8')) as ChainMeta
     if (meta.chainId !== opts.chainId) {
+      unlock()
       throw new Error(`embedded chain: ${dir} holds chain id ${meta.chainId}, not ${opts.chainId} (use another data dir or the old chain id)`)
     }
   } else {
     meta = { format: 1, engine: 'anvil', chainId: opts.chainId, genesisTime: Math.floor(Date.now() / 1000), hardfork: 'prague' }
     fs.writeFileSync(metaFile + '.tmp', JSON.stringify(meta))
     fs.renameSync(metaFile + '.tmp', metaFile)
-  }
-
-  fs.writeFileSync(lockFile, String(process.pid))
-  openDirs.add(dir)
-  const unlock = (): void => {
-    openDirs.delete(dir)
-    fs.rmSync(lockFile, { force: true })
   }
 
   // a stale anvil from a crashed run (its watchdog should have killed it)

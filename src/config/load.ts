@@ -10,8 +10,30 @@ export interface Config {
   certsDir: string
   accountKey: string | null
   masterKey: string | null
-  api: { host: string; port: number; maxBodyBytes: number; rateLimit: { perMinute: number; burst: number } }
-  proxy: { host: string; port: number; maxBufferBytes: number; defaultAgent: string | null; allowRemoteDefaultAgent: boolean; passThrough: string[]; accessLog: boolean; idleTimeoutMs: number }
+  api: {
+    host: string
+    port: number
+    maxBodyBytes: number
+    requestTimeoutMs: number
+    rateLimit: {
+      perMinute: number
+      burst: number
+      perKey: { perMinute: number; burst: number }
+      accountReservePercent: number
+      unauthenticated: { perMinute: number; burst: number }
+    }
+  }
+  proxy: {
+    host: string
+    port: number
+    maxBufferBytes: number
+    bufferTimeoutMs: number
+    defaultAgent: string | null
+    allowRemoteDefaultAgent: boolean
+    passThrough: string[]
+    accessLog: boolean
+    idleTimeoutMs: number
+  }
   chain: {
     rpcUrl: string | null
     chainId: number

@@ -59,6 +59,15 @@ export class PaygateError extends Error {
   }
 }
 
+/** `invalid_request` answered 408: a request did not arrive in full within its deadline; the connection closes. */
+export class RequestTimeoutError extends PaygateError {
+  override readonly status = 408
+
+  constructor(detail = 'the request was not received in time') {
+    super('invalid_request', detail, {}, { connection: 'close' })
+  }
+}
+
 export const isPaygateError = (e: unknown): e is PaygateError => e instanceof PaygateError
 
 export const invalid = (field: string, detail: string): PaygateError =>

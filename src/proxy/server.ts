@@ -7,10 +7,12 @@ import type { Registry } from '../agents/registry.js'
 import type { FirstAnswer, PaymentEngine, PayOutcome, PayRequest, PayStart } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { unreachable, type Upstream } from '../engine/upstream.js'
-import { PaygateError, toPaygateError } from '../errors/index.js'
+import { PaygateError, RequestTimeoutError, toPaygateError } from '../errors/index.js'
+import { parserRefusal } from '../errors/http-parser.js'
 import { isEgressDenied, type EgressGuard } from '../net/egress.js'
 import { infoLine, type Logger } from '../log/index.js'
 import { collectUpTo, headThen } from '../util/collect.js'
+import { endLingering } from '../util/linger.js'
 import { formatUnits } from '../util/money.js'
 import type { CertificateAuthority } from './ca.js'
 import { FastConn, type FastHost, type Tunnel } from './fast.js'
@@ -28,6 +30,8 @@ export interface ProxyDeps {
   idempotency: Idempotency
   log: Logger
   maxBufferBytes: number
+  /** Deadline for a body being buffered (`proxy.bufferTimeoutMs`); default 30 s. */
+  bufferTimeoutMs?: number
   defaultAgent: string | null
   passThrough: readonly string[]
   /** The info line per proxied request (default on). */
@@ -69,6 +73,15 @@ function firstChunk(socket: Socket, timeoutMs: number): Promise<Buffer | null> {
     socket.setTimeout(timeoutMs)
     socket.resume()
   })
+}
+
+/** `p`, or a 408 `invalid_request` once `ms` have passed first. */
+function byDeadline<T>(p: Promise<T>, ms: number, detail: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new RequestTimeoutError(detail)), ms)
+  })
+  return Promise.race([p, late]).finally(() => clearTimeout(timer))
 }
 
 /**
@@ -251,6 +264,8 @@ export class ProxyServer implements FastHost {
   /** The same for requests inside CONNECT tunnels. */
   private readonly inner: HttpServer
   private readonly fastConns = new Set<FastConn>()
+  /** Per connection on Node's servers: responses under way, and a parser refusal to answer once they are done. */
+  private readonly inFlight = new WeakMap<Duplex, { responses: number; refused?: () => void }>()
   /** Connections that left the fast path (handed to Node's servers, tunnels, upgrades): cut at shutdown after the grace period. */
   private readonly others = new Set<Socket>()
   private readonly origins: OriginPool
@@ -277,6 +292,10 @@ export class ProxyServer implements FastHost {
     this.server = createNetServer({ noDelay: true, allowHalfOpen: true }, (socket) => this.startFast(socket, null))
     this.http = createServer({ keepAliveTimeout: this.idleTimeoutMs })
     this.inner = createServer({ keepAliveTimeout: this.idleTimeoutMs })
+    for (const s of [this.http, this.inner]) {
+      s.on('request', (req: IncomingMessage, res: ServerResponse) => this.track(req.socket, res))
+      s.on('clientError', (e: NodeJS.ErrnoException, socket: Duplex) => this.refuse(e, socket))
+    }
     this.http.on('request', (req, res) => this.guard(this.onRequest(req, res), req.socket))
     this.http.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => this.guard(this.onConnect(req.url ?? '', req.headers, socket, head), socket))
     this.http.on('upgrade', (req, socket: Socket, head: Buffer) => this.guard(this.onUpgrade(req, socket, head, null), socket))
@@ -303,6 +322,38 @@ export class ProxyServer implements FastHost {
       this.d.log.error({ err: e }, 'proxy handler failed')
       socket.destroy()
     })
+  }
+
+  private track(socket: Duplex, res: ServerResponse): void {
+    let flight = this.inFlight.get(socket)
+    if (!flight) this.inFlight.set(socket, (flight = { responses: 0 }))
+    flight.responses++
+    res.once('close', () => {
+      if (--flight.responses === 0) flight.refused?.()
+    })
+  }
+
+  /**
+   * A request Node's parser refuses (a head over its 16 KiB limit, a bad header line) gets
+   * Paygate's error answer (431, 400, ...) with `X-Paygate-Error`, after the answers under way
+   * on that connection, and the connection is closed without a reset.
+   */
+  private refuse(e: NodeJS.ErrnoException, socket: Duplex): void {
+    const flight = this.inFlight.get(socket)
+    // The parser reports the error again on every later chunk: answer once.
+    if (flight?.refused) return
+    const answer = (): void => {
+      if (!socket.writable) return void socket.destroy()
+      const { status, error } = parserRefusal(e)
+      endLingering(socket, rawAnswer(error, status))
+    }
+    const f = flight ?? { responses: 0 }
+    this.inFlight.set(socket, f)
+    if (f.responses) f.refused = answer
+    else {
+      f.refused = () => {}
+      answer()
+    }
   }
 
   // ---- absolute-form requests -------------------------------------------------------
@@ -365,7 +416,8 @@ export class ProxyServer implements FastHost {
     const chunked = req.headers['transfer-encoding'] !== undefined
     if (!chunked && (declared === null || declared === 0)) return { body: null, buffered: true }
     if (declared !== null && declared > this.d.maxBufferBytes) return { body: onward(req, Buffer.alloc(0)), buffered: false }
-    const { head, rest } = await collectUpTo(req, this.d.maxBufferBytes)
+    const ms = this.d.bufferTimeoutMs ?? 30_000
+    const { head, rest } = await byDeadline(collectUpTo(req, this.d.maxBufferBytes), ms, `the request body was not received within ${ms} ms`)
     return rest ? { body: onward(req, head), buffered: false } : { body: head, buffered: true }
   }
 
@@ -408,6 +460,8 @@ export class ProxyServer implements FastHost {
       errorCode = err.code
       status = err.status
       this.fail(res, err)
+      // A late body: its answer says the connection closes; what still trickles in is dropped meanwhile.
+      if (err instanceof RequestTimeoutError) res.once('finish', () => endLingering(req.socket))
     } finally {
       this.logRequest(agentId, req.method ?? 'GET', host, status, paid, errorCode, started)
     }

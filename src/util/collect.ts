@@ -109,3 +109,36 @@ export function headThen(head: Buffer, rest: Readable): Readable {
   })
   return out
 }
+
+/**
+ * Read the rest of a stream and drop it, up to `max` bytes: true once it ended, false when it
+ * went past `max` or broke off first (then it is left paused). Lets a refused request's body
+ * arrive in full, so the answer is not lost to the reset that closing on unread bytes brings.
+ */
+export function discard(stream: Readable, max: number): Promise<boolean> {
+  if (stream.readableEnded) return Promise.resolve(true)
+  if (stream.destroyed) return Promise.resolve(false)
+  return new Promise((resolve) => {
+    let size = 0
+    const stop = (ended: boolean): void => {
+      stream.off('data', onData)
+      stream.off('end', onEnd)
+      stream.off('error', onFail)
+      stream.off('close', onFail)
+      resolve(ended)
+    }
+    const onData = (c: Buffer): void => {
+      size += c.length
+      if (size <= max) return
+      stream.pause()
+      stop(false)
+    }
+    const onEnd = (): void => stop(true)
+    const onFail = (): void => stop(false)
+    stream.on('data', onData)
+    stream.on('end', onEnd)
+    stream.on('error', onFail)
+    stream.on('close', onFail)
+    stream.resume()
+  })
+}

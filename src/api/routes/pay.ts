@@ -4,6 +4,7 @@ import type { PaymentEngine } from '../../engine/engine.js'
 import { canonicalJson, nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
 import { collect } from '../../util/collect.js'
+import { jsonDepth } from '../../util/json-depth.js'
 import { usdc } from '../../util/money.js'
 import { validateAgentId } from '../../agents/registry.js'
 import { onlyFields } from '../http.js'
@@ -23,6 +24,12 @@ const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 /** RFC 9110 field-value as undici sends it: visible ASCII, space, tab, and obs-text (0x80-0xFF, sent as those bytes). */
 const BAD_VALUE_CHAR = /[^\t\x20-\x7e\x80-\xff]/
 const MAX_DATA_BYTES = 10 * 1024 * 1024
+/**
+ * How deeply the JSON `body` sent on to the target may nest (the request around it adds one
+ * level), and how deeply a target's JSON answer may nest to be returned parsed as `data`
+ * (deeper: as text). Serializing and key sorting recurse; this keeps them far from the stack's end.
+ */
+export const MAX_PAY_BODY_DEPTH = 512
 
 interface PayBody {
   agentId: string
@@ -92,7 +99,7 @@ function parsePay(raw: unknown): PayBody {
 
 function parseData(body: Buffer, contentType: string | string[] | undefined): unknown {
   const text = body.toString('utf8')
-  if (/json/i.test(String(contentType ?? '')) || /^\s*[[{]/.test(text)) {
+  if ((/json/i.test(String(contentType ?? '')) || /^\s*[[{]/.test(text)) && jsonDepth(text) <= MAX_PAY_BODY_DEPTH) {
     try {
       return JSON.parse(text)
     } catch {
@@ -213,6 +220,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
       method: 'POST',
       path: '/v1/pay',
       access: 'agent',
+      maxJsonDepth: 1 + MAX_PAY_BODY_DEPTH,
       async handler(ctx) {
         const p = parsePay(await ctx.body())
         requireAgentAccess(ctx.identity, p.agentId)
