@@ -24,7 +24,7 @@ const arg = (name: string, dflt: number): number => {
 }
 const RECORDS = arg('records', 20_000)
 const INFLIGHT = arg('inflight', 8)
-const BLOCK_TIME = arg("block-time", 250)
+const BLOCK_TIME = arg('block-time', 250)
 const CHAIN_ID = arg('chain-id', 31337)
 const WINDOW = Math.min(2000, Math.floor(RECORDS / 10))
 const SEND_DEADLINE = Date.now() + 150_000
@@ -60,7 +60,14 @@ async function sendRecord(d: Devnet, ledger: Hex): Promise<Hex> {
     ],
   })
   const tx = await account.signTransaction({
-    chainId: CHAIN_ID, type: 'eip1559', to: ledger, data, nonce: nonce++, gas: 400_000n, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n,
+    chainId: CHAIN_ID,
+    type: 'eip1559',
+    to: ledger,
+    data,
+    nonce: nonce++,
+    gas: 400_000n,
+    maxFeePerGas: 100_000_000_000n,
+    maxPriorityFeePerGas: 1n,
   })
   return (await d.request({ method: 'eth_sendRawTransaction', params: [tx] })) as Hex
 }
@@ -134,7 +141,11 @@ try {
   await d.close()
   const closeMs = Math.round(performance.now() - t)
   const stateMb = Math.round(
-    fs.readdirSync(dir).filter((f) => f.startsWith('snap-')).reduce((s, f) => s + fs.statSync(path.join(dir, f, 'state.json')).size, 0) / 2 ** 20,
+    fs
+      .readdirSync(dir)
+      .filter((f) => f.startsWith('snap-'))
+      .reduce((s, f) => s + fs.statSync(path.join(dir, f, 'state.json')).size, 0) /
+      2 ** 20,
   )
 
   t = performance.now()
@@ -170,7 +181,9 @@ try {
     rssAfterRestartMb: rssAfterRestart,
     chainTimeLagS,
   }
-  console.log(`fresh ${result.txPerSecFresh} tx/s, after ${recorded} records ${result.txPerSecAfter} tx/s (ratio ${result.ratioFreshToAfter}), sustained fill ${result.txPerSecFill} tx/s; one at a time waiting for each receipt: ${seqFresh} / ${seqAfter} tx/s`)
+  console.log(
+    `fresh ${result.txPerSecFresh} tx/s, after ${recorded} records ${result.txPerSecAfter} tx/s (ratio ${result.ratioFreshToAfter}), sustained fill ${result.txPerSecFill} tx/s; one at a time waiting for each receipt: ${seqFresh} / ${seqAfter} tx/s`,
+  )
   console.log(`a block takes ${mineMsFresh} ms to mine fresh, ${statsBefore.mineMs} ms after; snapshots held the chain ${statsBefore.snapshotMs.join(', ')} ms`)
   console.log(`RSS node ${rss.node} MB + anvil ${rss.anvil} MB = ${rss.total} MB; restart with ${recorded} records: ${restartMs} ms (state ${stateMb} MB); history kept: ${result.historyKept}`)
   console.log(JSON.stringify(result))

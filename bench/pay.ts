@@ -116,7 +116,8 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   await apool.close()
   await mpool.close()
   merchant.kill('SIGTERM')
-  if (process.env.BENCH_PROFILE) await gw.stop() // a SIGKILL would lose the profile
+  if (process.env.BENCH_PROFILE)
+    await gw.stop() // a SIGKILL would lose the profile
   else {
     // A crash with all of the above behind it: the chain comes back from its last snapshot and
     // the journal since, LevelDB from its write-ahead log.

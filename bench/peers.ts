@@ -16,7 +16,11 @@ import { call, spawnGateway } from '../test/helpers/process.js'
 import { fmt, gatewayNodeArgs, spawnServer } from './lib.js'
 
 const run = promisify(execFile)
-const has = async (bin: string): Promise<boolean> => run('sh', ['-c', `command -v ${bin}`]).then(() => true, () => false)
+const has = async (bin: string): Promise<boolean> =>
+  run('sh', ['-c', `command -v ${bin}`]).then(
+    () => true,
+    () => false,
+  )
 
 interface WrkResult {
   rps: number
@@ -28,7 +32,11 @@ interface WrkResult {
 }
 
 let ticks: Promise<number> | undefined
-const clockTicks = (): Promise<number> => (ticks ??= run('getconf', ['CLK_TCK']).then((r) => Number(r.stdout.trim()) || 100, () => 100))
+const clockTicks = (): Promise<number> =>
+  (ticks ??= run('getconf', ['CLK_TCK']).then(
+    (r) => Number(r.stdout.trim()) || 100,
+    () => 100,
+  ))
 
 /** CPU time (user + system, ms) of a process and every process below it, from /proc; null off Linux. */
 async function treeCpuMs(pid: number): Promise<number | null> {
@@ -84,7 +92,10 @@ async function wrk(url: string, script: string | null, seconds: number, warm = t
 async function waitPort(port: number, ms: number): Promise<void> {
   const end = Date.now() + ms
   while (Date.now() < end) {
-    const ok = await fetch(`http://127.0.0.1:${port}/`).then(() => true, () => false)
+    const ok = await fetch(`http://127.0.0.1:${port}/`).then(
+      () => true,
+      () => false,
+    )
     if (ok) return
     await new Promise((r) => setTimeout(r, 100))
   }
@@ -162,7 +173,9 @@ const median = (xs: number[]): number => {
  * the contenders of a round alike, and each ratio is the median of the per-round ratios.
  */
 export async function benchPeers(seconds = 5, rounds = 4): Promise<void> {
-  console.log(`\n== plain HTTP passthrough with wrk (1 thread, 10 connections; ${rounds} interleaved rounds of ${seconds} s${(await canPin()) ? `; load on CPU ${LOAD_CPU}, each proxy on CPU ${PROXY_CPU}` : ''}) ==`)
+  console.log(
+    `\n== plain HTTP passthrough with wrk (1 thread, 10 connections; ${rounds} interleaved rounds of ${seconds} s${(await canPin()) ? `; load on CPU ${LOAD_CPU}, each proxy on CPU ${PROXY_CPU}` : ''}) ==`,
+  )
   if (!(await has('wrk'))) {
     console.log('wrk is not installed (apt-get install wrk): skipped')
     return

@@ -38,79 +38,79 @@ export async function benchProxy(opts: { count: number; maxMs: number }): Promis
 
   const gw = await spawnGateway({ PAYGATE_DATA_DIR: join(dir, 'data'), PAYGATE_UPSTREAM_CA_FILE: caFile }, [], gatewayNodeArgs(), false)
   try {
-  const acct = readFileSync(join(dir, 'data', 'account-key'), 'utf8').trim()
-  const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string
-  const started = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started')
-  const proxyUrl = started.proxy as string
-  const gwCa = readFileSync(started.caFile as string, 'utf8')
-  const token = `Basic ${Buffer.from(`bench:${key}`).toString('base64')}`
+    const acct = readFileSync(join(dir, 'data', 'account-key'), 'utf8').trim()
+    const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string
+    const started = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started')
+    const proxyUrl = started.proxy as string
+    const gwCa = readFileSync(started.caFile as string, 'utf8')
+    const token = `Basic ${Buffer.from(`bench:${key}`).toString('base64')}`
 
-  const get = (url: string, dispatcher: Agent | Pool | ProxyAgent) => async (): Promise<void> => {
-    const r = await request(url, { dispatcher })
-    await r.body.dump()
-  }
-  const C = 10
-  const measure = async (name: string, fn: () => Promise<void>): Promise<{ lat: Latencies; rps: number }> => {
-    await timeSequential(300, 5_000, fn)
-    const lat = await timeSequential(2000, opts.maxMs, fn)
-    const tp = await throughput(C, opts.count, opts.maxMs, fn)
-    console.log(`${name.padEnd(34)} ${fmt(tp.perSec, 0).padStart(7)} req/s (n=${tp.n})  p50 ${fmt(lat.p50, 3)} ms  p99 ${fmt(lat.p99, 3)} ms`)
-    return { lat, rps: tp.perSec }
-  }
-
-  console.log(`\n== proxy passthrough (${C} concurrent callers, keep-alive) ==`)
-  const directPlain = new Pool(plainUrl, { connections: C })
-  const viaPlain = new ProxyAgent({ uri: proxyUrl, token, proxyTunnel: false, connections: C } as never)
-  const dp = await measure('plain HTTP direct', get(`${plainUrl}/`, directPlain))
-  const pp = await measure('plain HTTP through Paygate', get(`${plainUrl}/`, viaPlain))
-  console.log(`  ratio through/direct: ${fmt(pp.rps / dp.rps)}x req/s; p50 +${fmt(pp.lat.p50 - dp.lat.p50, 3)} ms`)
-
-  const directTls = new Agent({ connect: { ca: targetCa.certPem }, connections: C })
-  const viaTls = new ProxyAgent({ uri: proxyUrl, token, requestTls: { ca: gwCa }, connections: C } as never)
-  const dt = await measure('HTTPS direct', get(`${tlsUrl}/`, directTls))
-  const pt = await measure('HTTPS through Paygate (intercepted)', get(`${tlsUrl}/`, viaTls))
-  console.log(`  ratio through/direct: ${fmt(pt.rps / dt.rps)}x req/s; p50 +${fmt(pt.lat.p50 - dt.lat.p50, 3)} ms`)
-  const mitm = await startMitmproxy(dir, caFile)
-  if (mitm) {
-    const viaMitm = new ProxyAgent({ uri: mitm.url, requestTls: { ca: mitm.ca }, connections: C } as never)
-    try {
-      const mt = await measure('HTTPS through mitmproxy (intercepted)', get(`${tlsUrl}/`, viaMitm))
-      console.log(`  Paygate / mitmproxy: ${fmt(pt.rps / mt.rps)}x req/s`)
-    } finally {
-      await viaMitm.destroy()
-      await mitm.stop()
+    const get = (url: string, dispatcher: Agent | Pool | ProxyAgent) => async (): Promise<void> => {
+      const r = await request(url, { dispatcher })
+      await r.body.dump()
     }
-  }
+    const C = 10
+    const measure = async (name: string, fn: () => Promise<void>): Promise<{ lat: Latencies; rps: number }> => {
+      await timeSequential(300, 5_000, fn)
+      const lat = await timeSequential(2000, opts.maxMs, fn)
+      const tp = await throughput(C, opts.count, opts.maxMs, fn)
+      console.log(`${name.padEnd(34)} ${fmt(tp.perSec, 0).padStart(7)} req/s (n=${tp.n})  p50 ${fmt(lat.p50, 3)} ms  p99 ${fmt(lat.p99, 3)} ms`)
+      return { lat, rps: tp.perSec }
+    }
 
-  // New TLS handshakes: direct to the target vs CONNECT + intercepted handshake.
-  const p = new URL(proxyUrl)
-  const tp = new URL(tlsUrl)
-  const directHandshake = (): Promise<void> =>
-    new Promise((resolve, reject) => {
-      const s = tlsConnect({ host: tp.hostname, port: Number(tp.port), ca: targetCa.certPem }, () => {
-        s.destroy()
-        resolve()
-      })
-      s.on('error', reject)
-    })
-  const proxiedHandshake = (): Promise<void> =>
-    new Promise((resolve, reject) => {
-      const req = httpRequest({ host: p.hostname, port: p.port, method: 'CONNECT', path: `${tp.hostname}:${tp.port}`, headers: { 'proxy-authorization': token } })
-      req.on('connect', (_res, socket) => {
-        const s = tlsConnect({ socket, ca: gwCa, host: tp.hostname }, () => {
+    console.log(`\n== proxy passthrough (${C} concurrent callers, keep-alive) ==`)
+    const directPlain = new Pool(plainUrl, { connections: C })
+    const viaPlain = new ProxyAgent({ uri: proxyUrl, token, proxyTunnel: false, connections: C } as never)
+    const dp = await measure('plain HTTP direct', get(`${plainUrl}/`, directPlain))
+    const pp = await measure('plain HTTP through Paygate', get(`${plainUrl}/`, viaPlain))
+    console.log(`  ratio through/direct: ${fmt(pp.rps / dp.rps)}x req/s; p50 +${fmt(pp.lat.p50 - dp.lat.p50, 3)} ms`)
+
+    const directTls = new Agent({ connect: { ca: targetCa.certPem }, connections: C })
+    const viaTls = new ProxyAgent({ uri: proxyUrl, token, requestTls: { ca: gwCa }, connections: C } as never)
+    const dt = await measure('HTTPS direct', get(`${tlsUrl}/`, directTls))
+    const pt = await measure('HTTPS through Paygate (intercepted)', get(`${tlsUrl}/`, viaTls))
+    console.log(`  ratio through/direct: ${fmt(pt.rps / dt.rps)}x req/s; p50 +${fmt(pt.lat.p50 - dt.lat.p50, 3)} ms`)
+    const mitm = await startMitmproxy(dir, caFile)
+    if (mitm) {
+      const viaMitm = new ProxyAgent({ uri: mitm.url, requestTls: { ca: mitm.ca }, connections: C } as never)
+      try {
+        const mt = await measure('HTTPS through mitmproxy (intercepted)', get(`${tlsUrl}/`, viaMitm))
+        console.log(`  Paygate / mitmproxy: ${fmt(pt.rps / mt.rps)}x req/s`)
+      } finally {
+        await viaMitm.destroy()
+        await mitm.stop()
+      }
+    }
+
+    // New TLS handshakes: direct to the target vs CONNECT + intercepted handshake.
+    const p = new URL(proxyUrl)
+    const tp = new URL(tlsUrl)
+    const directHandshake = (): Promise<void> =>
+      new Promise((resolve, reject) => {
+        const s = tlsConnect({ host: tp.hostname, port: Number(tp.port), ca: targetCa.certPem }, () => {
           s.destroy()
           resolve()
         })
         s.on('error', reject)
       })
-      req.on('error', reject)
-      req.end()
-    })
-  const hd = await throughput(C, 5000, opts.maxMs / 2, directHandshake)
-  const hp = await throughput(C, 5000, opts.maxMs / 2, proxiedHandshake)
-  console.log(`TLS handshakes: direct ${fmt(hd.perSec, 0)}/s (n=${hd.n}); CONNECT + intercepted ${fmt(hp.perSec, 0)}/s (n=${hp.n}); ratio ${fmt(hp.perSec / hd.perSec)}x`)
+    const proxiedHandshake = (): Promise<void> =>
+      new Promise((resolve, reject) => {
+        const req = httpRequest({ host: p.hostname, port: p.port, method: 'CONNECT', path: `${tp.hostname}:${tp.port}`, headers: { 'proxy-authorization': token } })
+        req.on('connect', (_res, socket) => {
+          const s = tlsConnect({ socket, ca: gwCa, host: tp.hostname }, () => {
+            s.destroy()
+            resolve()
+          })
+          s.on('error', reject)
+        })
+        req.on('error', reject)
+        req.end()
+      })
+    const hd = await throughput(C, 5000, opts.maxMs / 2, directHandshake)
+    const hp = await throughput(C, 5000, opts.maxMs / 2, proxiedHandshake)
+    console.log(`TLS handshakes: direct ${fmt(hd.perSec, 0)}/s (n=${hd.n}); CONNECT + intercepted ${fmt(hp.perSec, 0)}/s (n=${hp.n}); ratio ${fmt(hp.perSec / hd.perSec)}x`)
 
-  await Promise.all([directPlain.destroy(), viaPlain.destroy(), directTls.destroy(), viaTls.destroy()])
+    await Promise.all([directPlain.destroy(), viaPlain.destroy(), directTls.destroy(), viaTls.destroy()])
   } finally {
     const code = await gw.stop('SIGTERM')
     if (code !== 0) console.log(`gateway exit: ${code}`)

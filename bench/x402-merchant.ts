@@ -26,7 +26,9 @@ server.keepAliveTimeout = 60_000
 server.listen(0, '127.0.0.1', () => {
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
   const accepts = [{ scheme: 'exact', network: `eip155:${BENCH_CHAIN_ID}`, amount: '1', asset: BENCH_TOKEN, payTo: BENCH_PAY_TO, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }]
-  required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url: `${url}/paid`, description: 'bench', mimeType: 'application/json' }, accepts })).toString('base64')
+  required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url: `${url}/paid`, description: 'bench', mimeType: 'application/json' }, accepts })).toString(
+    'base64',
+  )
   process.stdout.write(`${JSON.stringify({ url })}\n`)
 })
 process.on('SIGTERM', () => server.close(() => process.exit(0)))

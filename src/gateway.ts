@@ -156,13 +156,13 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   let stopSweeping: (() => void) | undefined
   try {
     if (config.proxy.defaultAgent && !isLoopback(config.proxy.host) && !config.proxy.allowRemoteDefaultAgent) {
-      throw new PaygateError(
-        'invalid_config',
-        `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`,
-      )
+      throw new PaygateError('invalid_config', `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`)
     }
     if (!config.chain.rpcUrl && !isLoopback(config.chain.rpcHost)) {
-      log.warn({ rpcHost: config.chain.rpcHost }, "the embedded chain's JSON-RPC is served beyond loopback: anyone who reaches it can use its dev methods (anvil_setBalance, impersonation, evm_* time travel)")
+      log.warn(
+        { rpcHost: config.chain.rpcHost },
+        "the embedded chain's JSON-RPC is served beyond loopback: anyone who reaches it can use its dev methods (anvil_setBalance, impersonation, evm_* time travel)",
+      )
     }
     const registry = new Registry(store, clock, config.accountKey)
     const policies = new PolicyStore(store, registry, clock)

@@ -27,7 +27,10 @@ export async function readJsonBody(req: IncomingMessage, maxBytes: number, maxDe
     throw tooLarge()
   }
   if (head.length === 0) return {}
-  const type = String(req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
+  const type = String(req.headers['content-type'] ?? '')
+    .split(';')[0]!
+    .trim()
+    .toLowerCase()
   if (type !== 'application/json' && !type.endsWith('+json')) {
     throw invalid('content-type', 'the body must be JSON sent with Content-Type: application/json')
   }

@@ -77,7 +77,8 @@ export function viemChain(chainId: number, name: string, rpcUrl: string): ViemCh
 /** The node did not answer (unreachable, timed out, socket closed, an HTTP error, a dead or stalled embedded anvil). */
 const isUnanswered = (e: unknown): boolean =>
   e instanceof DevnetUnavailableError ||
-  (e instanceof BaseError && !!e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError || x instanceof DevnetUnavailableError))
+  (e instanceof BaseError &&
+    !!e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError || x instanceof DevnetUnavailableError))
 
 /**
  * A read the node did not answer (unreachable, timed out, socket closed, an HTTP error such
@@ -124,10 +125,7 @@ export class Chain {
       rpcUrl = c.rpcUrl
       transport = transportFor(rpcUrl)
       if (!c.token || !c.ledger) {
-        throw new PaygateError(
-          'invalid_config',
-          'with chain.rpcUrl, set chain.token (PAYGATE_CHAIN_TOKEN) and chain.ledger (PAYGATE_CHAIN_LEDGER); `paygate deploy-ledger` deploys a ledger',
-        )
+        throw new PaygateError('invalid_config', 'with chain.rpcUrl, set chain.token (PAYGATE_CHAIN_TOKEN) and chain.ledger (PAYGATE_CHAIN_LEDGER); `paygate deploy-ledger` deploys a ledger')
       }
     } else {
       devnet = await startDevnet({
@@ -169,7 +167,10 @@ export class Chain {
         deployment = await embeddedDeployment(publicClient, walletClient, signer, minter!.address, meta, c.chainId, log)
       } else {
         deployment = { token: c.token!, ledger: c.ledger!, deployedAt: '' }
-        for (const [name, addr] of [['chain.token', c.token!], ['chain.ledger', c.ledger!]] as const) {
+        for (const [name, addr] of [
+          ['chain.token', c.token!],
+          ['chain.ledger', c.ledger!],
+        ] as const) {
           const code = await publicClient.getCode({ address: addr })
           if (!code || code === '0x') throw new PaygateError('invalid_config', `${name} = ${addr}: no contract there on chain ${c.chainId}`)
         }

@@ -174,26 +174,67 @@ type RpcResponse = { jsonrpc: '2.0'; id: unknown; result?: unknown; error?: RpcE
 export type SendResult = { hash: string } | { error: RpcError }
 
 const READ_ONLY = new Set([
-  'eth_chainId', 'eth_blockNumber', 'eth_call', 'eth_estimateGas', 'eth_gasPrice', 'eth_maxPriorityFeePerGas',
-  'eth_feeHistory', 'eth_blobBaseFee', 'eth_accounts', 'eth_syncing', 'eth_mining', 'eth_hashrate', 'eth_coinbase',
-  'eth_protocolVersion', 'eth_sign', 'eth_signTypedData', 'eth_signTypedData_v4', 'personal_sign', 'eth_signTransaction',
-  'eth_newFilter', 'eth_newBlockFilter', 'eth_newPendingTransactionFilter', 'eth_uninstallFilter', 'eth_createAccessList',
-  'eth_pendingTransactions', 'eth_simulateV1', 'eth_fillTransaction', 'anvil_nodeInfo', 'anvil_metadata', 'hardhat_metadata',
-  'anvil_getGenesisTime', 'anvil_getIntervalMining',
+  'eth_chainId',
+  'eth_blockNumber',
+  'eth_call',
+  'eth_estimateGas',
+  'eth_gasPrice',
+  'eth_maxPriorityFeePerGas',
+  'eth_feeHistory',
+  'eth_blobBaseFee',
+  'eth_accounts',
+  'eth_syncing',
+  'eth_mining',
+  'eth_hashrate',
+  'eth_coinbase',
+  'eth_protocolVersion',
+  'eth_sign',
+  'eth_signTypedData',
+  'eth_signTypedData_v4',
+  'personal_sign',
+  'eth_signTransaction',
+  'eth_newFilter',
+  'eth_newBlockFilter',
+  'eth_newPendingTransactionFilter',
+  'eth_uninstallFilter',
+  'eth_createAccessList',
+  'eth_pendingTransactions',
+  'eth_simulateV1',
+  'eth_fillTransaction',
+  'anvil_nodeInfo',
+  'anvil_metadata',
+  'hardhat_metadata',
+  'anvil_getGenesisTime',
+  'anvil_getIntervalMining',
 ])
 const READ_PREFIXES = ['eth_get', 'debug_', 'trace_', 'ots_', 'txpool_', 'net_', 'web3_', 'erigon_']
 const SENDS = new Set(['eth_sendRawTransaction', 'eth_sendTransaction'])
 const MINES = new Set(['evm_mine', 'anvil_mine', 'hardhat_mine'])
 const REFUSED = new Set([
-  'anvil_reset', 'hardhat_reset', 'anvil_dumpState', 'hardhat_dumpState', 'anvil_loadState', 'hardhat_loadState',
-  'evm_setIntervalMining', 'anvil_setIntervalMining', 'anvil_setChainId', 'anvil_setRpcUrl', 'anvil_rollback', 'anvil_reorg',
+  'anvil_reset',
+  'hardhat_reset',
+  'anvil_dumpState',
+  'hardhat_dumpState',
+  'anvil_loadState',
+  'hardhat_loadState',
+  'evm_setIntervalMining',
+  'anvil_setIntervalMining',
+  'anvil_setChainId',
+  'anvil_setRpcUrl',
+  'anvil_rollback',
+  'anvil_reorg',
 ])
 const AUTOMINE_QUERIES = new Set(['hardhat_getAutomine', 'anvil_getAutomine'])
 const AUTOMINE_SETTERS = new Set(['evm_setAutomine', 'anvil_setAutomine'])
 /** Reads that run against the newest block's time, each with the index of its block tag. */
 const TIMED_READS = new Map<string, number>([
-  ['eth_call', 1], ['eth_estimateGas', 1], ['eth_createAccessList', 1], ['eth_simulateV1', 1], ['eth_fillTransaction', 1],
-  ['debug_traceCall', 1], ['eth_getBlockByNumber', 0],
+  ['eth_call', 1],
+  ['eth_estimateGas', 1],
+  ['eth_createAccessList', 1],
+  ['eth_simulateV1', 1],
+  ['eth_fillTransaction', 1],
+  ['debug_traceCall', 1],
+  ['eth_getBlockByNumber', 0],
 ])
 /** Whether this read sees the newest block: a tag of latest or pending, or none where that means latest. */
 function readsNewestBlock(method: string, params: unknown[]): boolean {
@@ -526,9 +567,10 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       .map((f) => re.exec(f))
       .filter((m): m is RegExpExecArray => m !== null)
       .map((m) => Number(m[1]))
-  const base = numbered(/^snap-(\d+)$/)
-    .filter((g) => fs.existsSync(path.join(dir, `snap-${g}`, 'meta.json')))
-    .sort((a, b) => b - a)[0] ?? 0
+  const base =
+    numbered(/^snap-(\d+)$/)
+      .filter((g) => fs.existsSync(path.join(dir, `snap-${g}`, 'meta.json')))
+      .sort((a, b) => b - a)[0] ?? 0
   const journals = numbered(/^journal-(\d+)\.ndjson$/)
     .filter((g) => g >= base)
     .sort((a, b) => a - b)
@@ -549,9 +591,24 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   }
 
   const args = [
-    '--silent', '--host', '127.0.0.1', '--port', '0', '--no-mining', '--order', 'fifo',
-    '--chain-id', String(opts.chainId), '--timestamp', String(meta.genesisTime), '--hardfork', meta.hardfork,
-    '--gas-limit', '100000000', '--prune-history', '32',
+    '--silent',
+    '--host',
+    '127.0.0.1',
+    '--port',
+    '0',
+    '--no-mining',
+    '--order',
+    'fifo',
+    '--chain-id',
+    String(opts.chainId),
+    '--timestamp',
+    String(meta.genesisTime),
+    '--hardfork',
+    meta.hardfork,
+    '--gas-limit',
+    '100000000',
+    '--prune-history',
+    '32',
   ]
   if (loadState) args.push('--load-state', loadState)
   const tLoad = performance.now()
@@ -967,13 +1024,8 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
           res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(rpcError(null, -32700, 'parse error')))
           return
         }
-        const one = (x: unknown): Promise<RpcResponse> =>
-          handle(x as RpcRequest).catch((e: unknown) => rpcError((x as RpcRequest)?.id ?? null, -32603, (e as Error).message))
-        const out: Promise<unknown> = Array.isArray(body)
-          ? body.length
-            ? Promise.all(body.map(one))
-            : Promise.resolve(rpcError(null, -32600, 'empty batch'))
-          : one(body)
+        const one = (x: unknown): Promise<RpcResponse> => handle(x as RpcRequest).catch((e: unknown) => rpcError((x as RpcRequest)?.id ?? null, -32603, (e as Error).message))
+        const out: Promise<unknown> = Array.isArray(body) ? (body.length ? Promise.all(body.map(one)) : Promise.resolve(rpcError(null, -32600, 'empty batch'))) : one(body)
         void out.then((v) => {
           if (!res.destroyed) res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(v))
         })

@@ -48,7 +48,11 @@ export function encodeRecordCall(e: LedgerEntry): Buffer {
   out.writeUInt32BE(e.depth, word(7) + 28)
   // Dynamic values: offsets count from the start of the arguments (after the selector).
   let tail = HEAD
-  for (const [slot, b] of [[2, strings[0]], [4, strings[1]], [5, strings[2]]] as const) {
+  for (const [slot, b] of [
+    [2, strings[0]],
+    [4, strings[1]],
+    [5, strings[2]],
+  ] as const) {
     out.writeUInt32BE(tail, word(slot) + 28)
     out.writeUInt32BE(b.length, 4 + tail + 28)
     b.copy(out, 4 + tail + 32)

@@ -103,10 +103,7 @@ export class LedgerWriter {
     const { chainId, ledger } = this.chain.info
     if (this.to?.address !== ledger) this.to = { address: ledger, bytes: addressBytes(ledger) }
     const signer = this.chain.fastSigner
-    const raw = signEip1559(
-      { chainId, nonce, gas: GAS_LIMIT, ...this.fees, to: this.to.bytes, value: 0n, data: encodeRecordCall(e) },
-      (payload) => signer.signDigestBytes(keccak256Bytes(payload)),
-    )
+    const raw = signEip1559({ chainId, nonce, gas: GAS_LIMIT, ...this.fees, to: this.to.bytes, value: 0n, data: encodeRecordCall(e) }, (payload) => signer.signDigestBytes(keccak256Bytes(payload)))
     return { raw: `0x${raw.toString('hex')}`, hash: `0x${keccak256Bytes(raw).toString('hex')}` }
   }
 

@@ -127,7 +127,7 @@ export const KEYS: readonly KeySpec[] = [
   {
     path: 'proxy.accessLog',
     kind: 'bool',
-    doc: 'One info line per proxied request (agent, method, host, status, amount paid, error, ms). `false` turns that line off for requests that neither paid nor failed (as squid\'s `access_log none`); a paid or failed request keeps its line.',
+    doc: "One info line per proxied request (agent, method, host, status, amount paid, error, ms). `false` turns that line off for requests that neither paid nor failed (as squid's `access_log none`); a paid or failed request keeps its line.",
   },
   {
     path: 'proxy.idleTimeoutMs',
@@ -145,7 +145,13 @@ export const KEYS: readonly KeySpec[] = [
   },
   { path: 'proxy.passThrough', kind: 'hostList', doc: 'Hosts tunnelled untouched through CONNECT (no interception, no paying), for pinned clients. Comma-separated in the environment.' },
   { path: 'chain.rpcUrl', kind: 'url', optional: true, doc: 'JSON-RPC URL of an external EVM chain. Unset: the embedded local chain.' },
-  { path: 'chain.chainId', kind: 'int', min: 1, max: 2 ** 48, doc: 'Chain id. The embedded chain uses it (84532 lets x402 v1 packages settle on it as `base-sepolia`); an external chain must report it.' },
+  {
+    path: 'chain.chainId',
+    kind: 'int',
+    min: 1,
+    max: 2 ** 48,
+    doc: 'Chain id. The embedded chain uses it (84532 lets x402 v1 packages settle on it as `base-sepolia`); an external chain must report it.',
+  },
   {
     path: 'chain.network',
     kind: 'string',
@@ -164,7 +170,12 @@ export const KEYS: readonly KeySpec[] = [
   },
   { path: 'chain.rpcHost', kind: 'host', doc: 'Address the embedded chain serves JSON-RPC on (keep it on loopback).' },
   { path: 'chain.rpcPort', kind: 'port', doc: "Port of the embedded chain's JSON-RPC. 0 picks a free port; `GET /v1/chain` shows the URL." },
-  { path: 'chain.anvilPath', kind: 'path', optional: true, doc: 'The anvil binary for the embedded chain. Unset: the one shipped by the npm package for this platform (`@foundry-rs/anvil-linux-amd64`).' },
+  {
+    path: 'chain.anvilPath',
+    kind: 'path',
+    optional: true,
+    doc: 'The anvil binary for the embedded chain. Unset: the one shipped by the npm package for this platform (`@foundry-rs/anvil-linux-amd64`).',
+  },
   { path: 'faucet.usdc', kind: 'amount', doc: 'Embedded chain only (dev faucet): USDC minted to each new wallet and per `POST /v1/wallets/<id>/faucet`.' },
   { path: 'faucet.gasEth', kind: 'amount', doc: 'Embedded chain only (dev faucet): native gas balance (ETH) given to each new wallet.' },
   { path: 'pay.timeoutMs', kind: 'int', min: 100, max: 600_000, doc: 'How long one attempt at the target may take (response headers and each body chunk) before it counts as a transient failure.' },
@@ -174,7 +185,7 @@ export const KEYS: readonly KeySpec[] = [
     kind: 'int',
     min: 30,
     max: 86_400,
-    doc: "Longest validity Paygate signs into an on-chain authorization, whatever the offer asks (a longer `maxTimeoutSeconds` or `expires` is clamped to it). A payment whose outcome is unproven stays reserved until then.",
+    doc: 'Longest validity Paygate signs into an on-chain authorization, whatever the offer asks (a longer `maxTimeoutSeconds` or `expires` is clamped to it). A payment whose outcome is unproven stays reserved until then.',
   },
   {
     path: 'mpp.methods',
@@ -188,9 +199,24 @@ export const KEYS: readonly KeySpec[] = [
     check: (v) => (/^\d{1,12}(\.\d{1,18})?$/.test(v) ? null : 'a decimal rate (USDC per unit), e.g. 1.08'),
     doc: 'USDC per unit of another MPP currency (e.g. `EUR=1.08`). Without a rate only USD and USDC (1:1, at most 6 decimals) are paid; converted amounts round up to the next base unit.',
   },
-  { path: 'mpp.paymentEndpointHosts', kind: 'hostList', doc: "Hosts an MPP `paymentEndpoint` may be on besides the target's own origin (a shared payment service). Comma-separated in the environment." },
-  { path: 'mpp.sessionTtlSeconds', kind: 'int', min: 1, max: 30 * 24 * 3600, doc: 'Lifetime of an MPP session when neither the answer (`X-MPP-Session-Expires`) nor the offer (`sessionTtlSeconds`) names one.' },
-  { path: 'mpp.cardProviderUrl', kind: 'url', optional: true, doc: "Card provider for the MPP card rail: Paygate POSTs each charge there and sends the returned token as the payment's authorization (see docs/payments.md). Unset: the card rail is off." },
+  {
+    path: 'mpp.paymentEndpointHosts',
+    kind: 'hostList',
+    doc: "Hosts an MPP `paymentEndpoint` may be on besides the target's own origin (a shared payment service). Comma-separated in the environment.",
+  },
+  {
+    path: 'mpp.sessionTtlSeconds',
+    kind: 'int',
+    min: 1,
+    max: 30 * 24 * 3600,
+    doc: 'Lifetime of an MPP session when neither the answer (`X-MPP-Session-Expires`) nor the offer (`sessionTtlSeconds`) names one.',
+  },
+  {
+    path: 'mpp.cardProviderUrl',
+    kind: 'url',
+    optional: true,
+    doc: "Card provider for the MPP card rail: Paygate POSTs each charge there and sends the returned token as the payment's authorization (see docs/payments.md). Unset: the card rail is off.",
+  },
   { path: 'mpp.cardProviderKey', kind: 'secret', optional: true, doc: 'Bearer key sent to `mpp.cardProviderUrl`.' },
   {
     path: 'egress.allow',

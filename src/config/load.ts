@@ -172,9 +172,7 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
     case 'enum':
       return typeof v === 'string' && spec.values!.includes(v) ? [v, null] : [undefined, `one of ${spec.values!.join(', ')}`]
     case 'host': {
-      const ok =
-        typeof v === 'string' &&
-        (isIP(v) !== 0 || /^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(v))
+      const ok = typeof v === 'string' && (isIP(v) !== 0 || /^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(v))
       return ok ? [v, null] : [undefined, 'a hostname or IP address, e.g. 127.0.0.1 or 0.0.0.0']
     }
     case 'url': {
@@ -202,12 +200,26 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
       if (v === 'false' || v === '0') return [false, null]
       return [undefined, 'true or false']
     case 'hostList': {
-      const items = Array.isArray(v) ? v : typeof v === 'string' ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
+      const items = Array.isArray(v)
+        ? v
+        : typeof v === 'string'
+          ? v
+              .split(',')
+              .map((x) => x.trim())
+              .filter(Boolean)
+          : null
       const ok = items?.every((x) => typeof x === 'string' && /^[A-Za-z0-9.*:[\]-]{1,253}$/.test(x))
       return items && ok ? [items.map((x: string) => x.toLowerCase()), null] : [undefined, 'a list of host names (comma-separated in the environment)']
     }
     case 'ruleList': {
-      const items = Array.isArray(v) ? v : typeof v === 'string' ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
+      const items = Array.isArray(v)
+        ? v
+        : typeof v === 'string'
+          ? v
+              .split(',')
+              .map((x) => x.trim())
+              .filter(Boolean)
+          : null
       if (!items || !items.every((x) => typeof x === 'string')) return [undefined, 'a list of CIDRs and host names (comma-separated in the environment)']
       const bad = items.map((x: string) => spec.check?.(x) ?? null).filter((x) => x !== null)
       return bad.length ? [undefined, bad.join('; ')] : [items.map((x: string) => x.trim().toLowerCase()), null]
@@ -216,7 +228,11 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
       let entries: [string, unknown][] | null = null
       if (typeof v === 'object' && !Array.isArray(v)) entries = Object.entries(v as object)
       else if (typeof v === 'string') {
-        const pairs = v.split(',').map((x) => x.trim()).filter(Boolean).map((x) => x.split('='))
+        const pairs = v
+          .split(',')
+          .map((x) => x.trim())
+          .filter(Boolean)
+          .map((x) => x.split('='))
         if (pairs.every((p) => p.length === 2)) entries = pairs.map(([k, val]) => [k!.trim(), val!.trim()])
       }
       const what = `key=value pairs (comma-separated in the environment, an object in a file) with values: ${spec.check?.('\u0000') ?? 'strings'}`
@@ -302,9 +318,7 @@ export function loadConfig(input: LoadInput = {}): { config: Config; positional:
     const r = raw.get(spec.path) ?? { value: null, source: 'default' as const }
     const [value, allowed] = validate(spec, r.value, cwd)
     if (allowed) {
-      problems.push(
-        `${spec.path} = ${describeValue(spec, r.value)} (${SOURCE_TEXT[r.source](spec, fileAbs)}) is not allowed; expected ${allowed}`,
-      )
+      problems.push(`${spec.path} = ${describeValue(spec, r.value)} (${SOURCE_TEXT[r.source](spec, fileAbs)}) is not allowed; expected ${allowed}`)
     } else setPath(out, spec.path, value)
   }
   if (problems.length) throw new PaygateError('invalid_config', `invalid configuration:\n  ${problems.join('\n  ')}`)

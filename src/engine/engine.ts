@@ -112,9 +112,7 @@ export class PaymentEngine {
   pay(request: PayRequest, options: PayOptions): Promise<PayOutcome | Relayed>
   async pay(request: PayRequest, options: PayOptions = {}): Promise<PayOutcome | Relayed> {
     const start = this.beginCached(request) ?? (await this.begin(request))
-    const sending: Promise<FirstAnswer> = options.firstSend
-      ? options.firstSend(start)
-      : this.sendOrUnreachable(start.req, start.firstHeaders).then((response) => ({ kind: 'engine', response }))
+    const sending: Promise<FirstAnswer> = options.firstSend ? options.firstSend(start) : this.sendOrUnreachable(start.req, start.firstHeaders).then((response) => ({ kind: 'engine', response }))
     this.signAhead(start)
     const first = await sending
     if (first.kind === 'relayed') return { relayed: true, status: first.status }
@@ -344,7 +342,12 @@ export class PaymentEngine {
     const harmless = (r: TxRecord): boolean => !r.authorization || (isEip3009(r.authorization) && r.authorization.signature === '')
     if (!rec || rec.status === 'rejected' || (rec.status === 'failed' && harmless(rec))) return undefined
     if (rec.status === 'pending' || rec.status === 'unknown') {
-      throw new PaygateError('unavailable', 'a request with this idempotencyKey was cut off by a restart while paying; its payment is being settled: retry later', { transactionId: rec.id }, { 'retry-after': '5' })
+      throw new PaygateError(
+        'unavailable',
+        'a request with this idempotencyKey was cut off by a restart while paying; its payment is being settled: retry later',
+        { transactionId: rec.id },
+        { 'retry-after': '5' },
+      )
     }
     if (rec.status === 'failed') throw new PaygateError('payment_failed', rec.error ?? 'the payment failed', { transactionId: rec.id })
     return rec

@@ -124,7 +124,9 @@ export class Recorder {
           txHash: hash,
           updatedAt: now,
           upstreamStatus: res.status,
-          ...(settlement ? { settlement: { success: settlement.success, transaction: settlement.transaction, network: settlement.network, payer: settlement.payer, errorReason: settlement.errorReason } } : {}),
+          ...(settlement
+            ? { settlement: { success: settlement.success, transaction: settlement.transaction, network: settlement.network, payer: settlement.payer, errorReason: settlement.errorReason } }
+            : {}),
           ledger: { status: 'queued' },
         }
         return this.ops({ kind: 'paid', record: next, prev: rec }, [usageOp])
@@ -143,7 +145,16 @@ export class Recorder {
       channels.paymentPaid.publish({ agentId: rec.agentId, transactionId: rec.id, protocol: plan.protocol, rail: plan.rail, amount, latencyMs: now - rec.createdAt })
     }
     const ts = new Date(now).toISOString()
-    this.d.events.emit('payment.completed', { agentId: rec.agentId, timestamp: ts, transactionId: rec.id, protocol: plan.protocol, rail: plan.rail, amountUsdc: toUsdcNumber(amount), endpoint: rec.endpoint, txHash })
+    this.d.events.emit('payment.completed', {
+      agentId: rec.agentId,
+      timestamp: ts,
+      transactionId: rec.id,
+      protocol: plan.protocol,
+      rail: plan.rail,
+      amountUsdc: toUsdcNumber(amount),
+      endpoint: rec.endpoint,
+      txHash,
+    })
     if (policy.dailyBudget !== undefined) this.budgetWarning(rec.agentId, ts, BigInt(policy.dailyBudget), before, after)
     return { response: res, payment: { protocol: plan.protocol, rail: plan.rail, amount, txHash, transactionId: rec.id, settlement } }
   }

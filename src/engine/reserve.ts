@@ -36,13 +36,7 @@ export type Reservation =
  * lock (writes land in call order) and awaited by the caller after it (`written`), so the
  * agent's next payment can be decided while this one is written.
  */
-export async function reserve(
-  d: ReserveDeps,
-  req: PayRequest,
-  plan: Plan,
-  base: TxRecord,
-  wallet: Promise<Result<FastSigner>>,
-): Promise<{ reservation: Reservation; written: Promise<Result<void>> }> {
+export async function reserve(d: ReserveDeps, req: PayRequest, plan: Plan, base: TxRecord, wallet: Promise<Result<FastSigner>>): Promise<{ reservation: Reservation; written: Promise<Result<void>> }> {
   const { agentId } = req
   const now = base.createdAt
   const { result, written } = await d.recorder.usage<Reservation>(agentId, async (usage) => {

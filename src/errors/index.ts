@@ -70,8 +70,7 @@ export class RequestTimeoutError extends PaygateError {
 
 export const isPaygateError = (e: unknown): e is PaygateError => e instanceof PaygateError
 
-export const invalid = (field: string, detail: string): PaygateError =>
-  new PaygateError('invalid_request', detail, { field })
+export const invalid = (field: string, detail: string): PaygateError => new PaygateError('invalid_request', detail, { field })
 
 export const notFound = (what: string): PaygateError => new PaygateError('not_found', `${what} does not exist`)
 

@@ -8,7 +8,14 @@ import { systemClock, type Clock } from '../util/clock.js'
 
 /** The same ledger record, field by field. */
 const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
-  a.id === b.id && a.parentTxHash === b.parentTxHash && a.agentId === b.agentId && a.amount === b.amount && a.protocol === b.protocol && a.origin === b.origin && a.pathHash === b.pathHash && a.depth === b.depth
+  a.id === b.id &&
+  a.parentTxHash === b.parentTxHash &&
+  a.agentId === b.agentId &&
+  a.amount === b.amount &&
+  a.protocol === b.protocol &&
+  a.origin === b.origin &&
+  a.pathHash === b.pathHash &&
+  a.depth === b.depth
 
 interface OutboxEntry {
   nonce: string

@@ -20,9 +20,7 @@ export interface PortRange {
 }
 
 /** An `egress.allow` / `egress.deny` entry: a CIDR (or one address) or a host name, optionally for some ports only. */
-export type Rule =
-  | { kind: 'cidr'; net: Cidr; ports: PortRange | null; text: string }
-  | { kind: 'name'; name: string; subdomains: boolean; ports: PortRange | null; text: string }
+export type Rule = { kind: 'cidr'; net: Cidr; ports: PortRange | null; text: string } | { kind: 'name'; name: string; subdomains: boolean; ports: PortRange | null; text: string }
 
 export interface EgressRules {
   allow: readonly Rule[]

@@ -9,13 +9,7 @@ export type PolicyReason = 'domain_blocked' | 'domain_not_allowed' | 'per_call_l
 export type Decision = { ok: true } | { ok: false; reason: PolicyReason; detail: string }
 
 /** The documented order in which policy checks run; the first that fails decides. */
-export const CHECK_ORDER: readonly PolicyReason[] = [
-  'domain_blocked',
-  'domain_not_allowed',
-  'per_call_limit_exceeded',
-  'rate_limit_exceeded',
-  'daily_budget_exceeded',
-]
+export const CHECK_ORDER: readonly PolicyReason[] = ['domain_blocked', 'domain_not_allowed', 'per_call_limit_exceeded', 'rate_limit_exceeded', 'daily_budget_exceeded']
 
 const usd = (units: bigint): string => `${formatUnits(units)} USDC`
 
@@ -59,8 +53,7 @@ export function decide(policy: StoredPolicy, usage: UsageState, req: { host: str
 }
 
 /** May the agent deal with `host` at all (blocked and allowed domains only)? Gates the reuse of a bought MPP session. */
-export const domainPermitted = (policy: StoredPolicy, host: string): boolean =>
-  !matchesAny(policy.blockedDomains, host) && (!policy.allowedDomains || matchesAny(policy.allowedDomains, host))
+export const domainPermitted = (policy: StoredPolicy, host: string): boolean => !matchesAny(policy.blockedDomains, host) && (!policy.allowedDomains || matchesAny(policy.allowedDomains, host))
 
 /**
  * Which protocol pays when a 402 offers several in a form Paygate can pay. `auto` and

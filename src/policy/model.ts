@@ -144,4 +144,3 @@ export function policyView(agentId: string, p: StoredPolicy, usage: UsageState, 
   if (p.updatedAt) view.updatedAt = p.updatedAt
   return view
 }
-

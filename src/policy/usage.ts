@@ -69,8 +69,7 @@ function bump(buckets: Buckets | undefined, now: number, sizeMs: number, horizon
 }
 
 /** Events counted in the buckets of the trailing `horizonMs`. */
-const sumWithin = (buckets: Buckets | undefined, now: number, horizonMs: number): number =>
-  (buckets ?? []).reduce((n, [b, c]) => (b > now - horizonMs && b <= now ? n + c : n), 0)
+const sumWithin = (buckets: Buckets | undefined, now: number, horizonMs: number): number => (buckets ?? []).reduce((n, [b, c]) => (b > now - horizonMs && b <= now ? n + c : n), 0)
 
 /** Payment calls in the trailing 60 minutes, to the minute. */
 export const paymentsThisHour = (u: UsageState, now: number): number => sumWithin(u.perMinute, now, HOUR_MS)

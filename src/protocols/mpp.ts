@@ -113,7 +113,10 @@ function readAddress(v: unknown, field: string): Address | null {
  * a problem, never thrown.
  */
 export function detectMpp(answer: HttpAnswer, requestUrl: string, rates: Readonly<Record<string, string>> = {}): MppDetection {
-  const text = answer.body.toString('utf8').replace(/^\uFEFF/, '').trim()
+  const text = answer.body
+    .toString('utf8')
+    .replace(/^\uFEFF/, '')
+    .trim()
   if (!text.startsWith('{') || !text.includes('mpp/')) return { present: false }
   let json: unknown
   try {
@@ -201,12 +204,7 @@ export interface RailChoice {
  * else the card rail when a card method is offered and `available` has it; else another
  * available rail (e.g. lightning, custom), in offer order. Null: nothing payable here.
  */
-export function chooseRail(
-  offer: MppOffer,
-  map: Readonly<Record<string, RailName>>,
-  available: ReadonlySet<RailName>,
-  chain: PayableChain,
-): { choice: RailChoice | null; why: string } {
+export function chooseRail(offer: MppOffer, map: Readonly<Record<string, RailName>>, available: ReadonlySet<RailName>, chain: PayableChain): { choice: RailChoice | null; why: string } {
   const offered = offer.methods.map((method) => ({ method, rail: railOf(method, map) }))
   const stable = offered.find((o) => o.rail === 'stablecoin')
   const mismatch = stable ? stablecoinMismatch(offer, chain) : null

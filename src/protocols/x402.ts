@@ -27,18 +27,7 @@ import { keccak256Bytes } from '../crypto/keccak.js'
 import { PaygateError } from '../errors/index.js'
 import { deepFreeze, Lru } from '../util/lru.js'
 import { MAX_UINT256 } from '../util/money.js'
-import type {
-  Address,
-  Detection,
-  Eip3009Authorization,
-  Hex,
-  HttpAnswer,
-  Offer,
-  PayableChain,
-  Problem,
-  Settlement,
-  TokenDomain,
-} from './types.js'
+import type { Address, Detection, Eip3009Authorization, Hex, HttpAnswer, Offer, PayableChain, Problem, Settlement, TokenDomain } from './types.js'
 
 export type X402Shape = 'x402-v1' | 'x402-v2' | 'spec-simple' | 'spec-accepts'
 
@@ -85,10 +74,7 @@ export const TRANSFER_WITH_AUTHORIZATION_TYPES = {
   ],
 } as const
 
-export type TransferWithAuthorizationTypedData = TypedDataDefinition<
-  typeof TRANSFER_WITH_AUTHORIZATION_TYPES,
-  'TransferWithAuthorization'
-> & {
+export type TransferWithAuthorizationTypedData = TypedDataDefinition<typeof TRANSFER_WITH_AUTHORIZATION_TYPES, 'TransferWithAuthorization'> & {
   domain: { name: string; version: string; chainId: number; verifyingContract: Address }
   message: Eip3009Authorization
 }
@@ -303,8 +289,7 @@ function readV2(obj: Json, out: Collector): void {
 }
 
 /** Does a JSON body look like the spec's simple shape (and not MPP's `amount:{value,currency}`)? */
-const looksSimple = (b: Json): boolean =>
-  ('token' in b || 'payTo' in b) && 'amount' in b && !isObject(b.amount) && ('scheme' in b || 'network' in b)
+const looksSimple = (b: Json): boolean => ('token' in b || 'payTo' in b) && 'amount' in b && !isObject(b.amount) && ('scheme' in b || 'network' in b)
 
 /**
  * What one PAYMENT-REQUIRED value or one body says on its own: a pure function of that
@@ -508,10 +493,7 @@ const NONCE_RE = /^0x[0-9a-fA-F]{64}$/
  * validBefore = now + timeout (capped by `maxValiditySeconds`); validAfter = 0 for v2,
  * now - 600 otherwise (x402 v1's client). `nonce` must be 32 random bytes.
  */
-export function authorizationFor(
-  offer: Offer,
-  p: { from: Address; nonce: Hex; nowSeconds: number; maxValiditySeconds?: number },
-): Eip3009Authorization {
+export function authorizationFor(offer: Offer, p: { from: Address; nonce: Hex; nowSeconds: number; maxValiditySeconds?: number }): Eip3009Authorization {
   if (!NONCE_RE.test(p.nonce)) fail('nonce must be 32 bytes of hex')
   const from = parseAddress(p.from, 'from')
   const now = Math.floor(p.nowSeconds)
@@ -527,10 +509,7 @@ export function authorizationFor(
 }
 
 /** EIP-712 TransferWithAuthorization typed data for `auth` under a token's domain. */
-export function transferTypedData(
-  auth: Eip3009Authorization,
-  domain: { name: string; version: string; chainId: number; verifyingContract: Address },
-): TransferWithAuthorizationTypedData {
+export function transferTypedData(auth: Eip3009Authorization, domain: { name: string; version: string; chainId: number; verifyingContract: Address }): TransferWithAuthorizationTypedData {
   return { domain, types: TRANSFER_WITH_AUTHORIZATION_TYPES, primaryType: 'TransferWithAuthorization', message: { ...auth } }
 }
 
@@ -540,12 +519,7 @@ export function transferTypedData(
  * merchant's facilitator verifies against), else from `fallbackDomain`: the token's own,
  * as the token reports it (`PayableChain.tokenDomain`; the spec's simple shape names none).
  */
-export function typedData(
-  offer: Offer,
-  auth: Eip3009Authorization,
-  chainId: number,
-  fallbackDomain: TokenDomain,
-): TransferWithAuthorizationTypedData {
+export function typedData(offer: Offer, auth: Eip3009Authorization, chainId: number, fallbackDomain: TokenDomain): TransferWithAuthorizationTypedData {
   return transferTypedData(auth, {
     name: offer.extra.name ?? fallbackDomain.name,
     version: offer.extra.version ?? fallbackDomain.version,
@@ -575,8 +549,8 @@ export const authorizationJson = (a: Eip3009Authorization) => ({
 export function paymentHeaders(offer: Offer, auth: Eip3009Authorization, signature: Hex): Record<string, string> {
   if (!/^0x[0-9a-fA-F]+$/.test(signature)) fail('signature must be hex')
   // The authorization must be for this very offer: facilitators reject anything else after the fact.
-  if (auth.to.toLowerCase() !== offer.payTo.toLowerCase()) fail('authorization.to differs from the offer\'s payTo')
-  if (auth.value !== offer.amount) fail('authorization.value differs from the offer\'s amount')
+  if (auth.to.toLowerCase() !== offer.payTo.toLowerCase()) fail("authorization.to differs from the offer's payTo")
+  if (auth.value !== offer.amount) fail("authorization.value differs from the offer's amount")
   if (!NONCE_RE.test(auth.nonce)) fail('nonce must be 32 bytes of hex')
   const authorization = authorizationJson(auth)
   switch (offer.shape as X402Shape) {

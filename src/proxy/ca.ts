@@ -158,10 +158,7 @@ export class CertificateAuthority {
     const hasCert = existsSync(files.caCert)
     if (hasKey !== hasCert) {
       const [present, missing] = hasKey ? [files.caKey, files.caCert] : [files.caCert, files.caKey]
-      throw new PaygateError(
-        'invalid_config',
-        `${present} exists but ${missing} is missing: restore it, or delete both to create a new CA (clients that trust the old CA must then fetch the new one)`,
-      )
+      throw new PaygateError('invalid_config', `${present} exists but ${missing} is missing: restore it, or delete both to create a new CA (clients that trust the old CA must then fetch the new one)`)
     }
     const hasLeafKey = existsSync(files.leafKey)
     const created = { ca: !hasKey, leafKey: !hasLeafKey }
@@ -373,26 +370,27 @@ function writeAtomic(file: string, text: string, mode: number): void {
 
 // ---- certificates ----------------------------------------------------------------------
 
-function parseCa(
-  certPem: string,
-  caKey: KeyObject,
-  files: CertificateAuthority['files'],
-  now: number,
-): { x509: X509Certificate; forgeCert: forge.pki.Certificate } {
+function parseCa(certPem: string, caKey: KeyObject, files: CertificateAuthority['files'], now: number): { x509: X509Certificate; forgeCert: forge.pki.Certificate } {
   let x509: X509Certificate
   let forgeCert: forge.pki.Certificate
   try {
     x509 = new X509Certificate(certPem)
     forgeCert = forge.pki.certificateFromPem(certPem)
   } catch (e) {
-    throw new PaygateError('invalid_config', `the CA certificate ${files.caCert} is not a readable RSA PEM certificate (${(e as Error).message}); restore it, or delete ${files.caKey} and ${files.caCert} to create a new CA`)
+    throw new PaygateError(
+      'invalid_config',
+      `the CA certificate ${files.caCert} is not a readable RSA PEM certificate (${(e as Error).message}); restore it, or delete ${files.caKey} and ${files.caCert} to create a new CA`,
+    )
   }
   if (!x509.checkPrivateKey(caKey)) {
     throw new PaygateError('invalid_config', `${files.caKey} is not the key of ${files.caCert}: restore the matching pair, or delete both to create a new CA`)
   }
   if (!x509.ca) throw new PaygateError('invalid_config', `${files.caCert} is not a CA certificate (basicConstraints CA:TRUE is missing)`)
   if (Date.parse(x509.validTo) <= now) {
-    throw new PaygateError('invalid_config', `the CA certificate ${files.caCert} expired on ${new Date(x509.validTo).toISOString()}: delete ${files.caKey} and ${files.caCert} to create a new CA, then redistribute it`)
+    throw new PaygateError(
+      'invalid_config',
+      `the CA certificate ${files.caCert} expired on ${new Date(x509.validTo).toISOString()}: delete ${files.caKey} and ${files.caCert} to create a new CA, then redistribute it`,
+    )
   }
   return { x509, forgeCert }
 }
@@ -444,7 +442,9 @@ function subjectOf(cert: forge.pki.Certificate): forge.asn1.Asn1 {
 
 /** subjectKeyIdentifier: SHA-1 of the RSAPublicKey (RFC 5280 4.2.1.2 method 1), as an OCTET STRING. */
 function keyIdAsn1(publicKey: KeyObject): forge.asn1.Asn1 {
-  const id = createHash('sha1').update(publicKey.export({ type: 'pkcs1', format: 'der' })).digest()
+  const id = createHash('sha1')
+    .update(publicKey.export({ type: 'pkcs1', format: 'der' }))
+    .digest()
   return forge.asn1.create(forge.asn1.Class.UNIVERSAL, forge.asn1.Type.OCTETSTRING, false, id.toString('binary'))
 }
 

@@ -246,14 +246,25 @@ export function connectionTokens(c: string | string[] | undefined): ReadonlySet<
   if (c === undefined) return NONE
   const s = Array.isArray(c) ? c.join(',') : c
   if (s.length === 0 || s === 'keep-alive' || s === 'close') return NONE
-  return new Set(s.split(',').map((x) => x.trim().toLowerCase()).filter(Boolean))
+  return new Set(
+    s
+      .split(',')
+      .map((x) => x.trim().toLowerCase())
+      .filter(Boolean),
+  )
 }
 
 /** Does the Connection field carry `token` (e.g. "close")? */
 export function hasConnectionToken(c: string | string[] | undefined, token: string): boolean {
   if (c === undefined) return false
   const s = Array.isArray(c) ? c.join(',') : c
-  return s === token || s.toLowerCase().split(',').some((x) => x.trim() === token)
+  return (
+    s === token ||
+    s
+      .toLowerCase()
+      .split(',')
+      .some((x) => x.trim() === token)
+  )
 }
 
 /**

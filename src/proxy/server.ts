@@ -546,36 +546,48 @@ export class ProxyServer implements FastHost {
         const payment = { txHash: rec.txHash!, amount: rec.amount, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin' }
         return withoutBody(payment, rec.upstreamStatus ?? null, 'upstream_body_lost', "Paygate restarted before this request's answer was returned; the payment stands")
       }
-      stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(agentId, key, digest, async () => {
-        const out = await this.d.engine.pay({ ...p, idempotencyKey: key })
-        let read: { head: Buffer; rest: Readable | null }
-        try {
-          read = await collectUpTo(out.response.body, MAX_IDEMPOTENT_BODY)
-        } catch (e) {
-          // Nothing paid: not stored (as any unreachable target), so the same key asks again.
-          if (!out.payment) throw new PaygateError('upstream_unreachable', `the target's answer broke off before its end: ${(e as Error).message}`)
-          this.d.log.warn({ err: (e as Error).message, agentId, txHash: out.payment.txHash }, 'a paid answer broke off while it was read')
-          return withoutBody(paymentOf(out)!, out.response.status, 'upstream_body_lost', `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`)
-        }
-        if (read.rest) {
-          live.out = { ...out, response: { ...out.response, body: headThen(read.head, read.rest) } }
-          if (!out.payment) throw new NotKept()
-          return withoutBody(
-            paymentOf(out)!,
-            out.response.status,
-            'upstream_body_too_large',
-            `the target's ${out.response.status} answer to this paid request was delivered once, to the first call; its body exceeds the ${MAX_IDEMPOTENT_BODY} bytes kept for replays`,
-          )
-        }
-        return {
-          status: out.response.status,
-          headers: out.response.headers,
-          body: read.head.toString('base64'),
-          payment: paymentOf(out),
-          ...(out.session ? { session: true } : {}),
-          ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
-        }
-      }, undefined, recover)
+      stored = await this.d.idempotency.run<Stored & { unpaid?: string }>(
+        agentId,
+        key,
+        digest,
+        async () => {
+          const out = await this.d.engine.pay({ ...p, idempotencyKey: key })
+          let read: { head: Buffer; rest: Readable | null }
+          try {
+            read = await collectUpTo(out.response.body, MAX_IDEMPOTENT_BODY)
+          } catch (e) {
+            // Nothing paid: not stored (as any unreachable target), so the same key asks again.
+            if (!out.payment) throw new PaygateError('upstream_unreachable', `the target's answer broke off before its end: ${(e as Error).message}`)
+            this.d.log.warn({ err: (e as Error).message, agentId, txHash: out.payment.txHash }, 'a paid answer broke off while it was read')
+            return withoutBody(
+              paymentOf(out)!,
+              out.response.status,
+              'upstream_body_lost',
+              `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`,
+            )
+          }
+          if (read.rest) {
+            live.out = { ...out, response: { ...out.response, body: headThen(read.head, read.rest) } }
+            if (!out.payment) throw new NotKept()
+            return withoutBody(
+              paymentOf(out)!,
+              out.response.status,
+              'upstream_body_too_large',
+              `the target's ${out.response.status} answer to this paid request was delivered once, to the first call; its body exceeds the ${MAX_IDEMPOTENT_BODY} bytes kept for replays`,
+            )
+          }
+          return {
+            status: out.response.status,
+            headers: out.response.headers,
+            body: read.head.toString('base64'),
+            payment: paymentOf(out),
+            ...(out.session ? { session: true } : {}),
+            ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
+          }
+        },
+        undefined,
+        recover,
+      )
     } catch (e) {
       if (e instanceof NotKept && live.out) return live.out
       live.out?.response.body.destroy()
@@ -674,7 +686,11 @@ export class ProxyServer implements FastHost {
       agentId = id
       const target = httpTarget(head.target)
       if (!target) {
-        return this.writeError(conn, head.method, new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }))
+        return this.writeError(
+          conn,
+          head.method,
+          new PaygateError('invalid_request', 'this is a forward proxy: send absolute-form requests (http://host/path) or CONNECT', { field: 'request-target' }),
+        )
       }
       url = target.href
       host = target.authority

@@ -39,8 +39,7 @@ export interface RangeOptions {
 
 export type BatchOp =
   /** `latest`: the value is taken when the batch is logged (the newest state of a key kept in memory). */
-  | { type: 'put'; coll: Collection<any>; key: string; value: unknown; latest?: () => unknown }
-  | { type: 'del'; coll: Collection<any>; key: string }
+  { type: 'put'; coll: Collection<any>; key: string; value: unknown; latest?: () => unknown } | { type: 'del'; coll: Collection<any>; key: string }
 
 export interface StoreOptions {
   /** Start a new write-ahead log file past this size (bytes). Default 16 MiB. */

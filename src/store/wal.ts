@@ -44,7 +44,11 @@ export class Wal {
    */
   static recover(dir: string): { files: string[]; batches: WalOp[][]; torn: number } {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 })
-    const files = fs.readdirSync(dir).filter((f) => FILE_RE.test(f)).sort().map((f) => join(dir, f))
+    const files = fs
+      .readdirSync(dir)
+      .filter((f) => FILE_RE.test(f))
+      .sort()
+      .map((f) => join(dir, f))
     const batches: WalOp[][] = []
     let torn = 0
     for (const file of files) {

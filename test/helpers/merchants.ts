@@ -210,12 +210,7 @@ export function serialSend<T>(rpcUrl: string, from: Address, work: () => Promise
 }
 
 /** writeContract that returns only once the transaction is mined (successfully or not). */
-function minedWrite(
-  rpcUrl: string,
-  account: PrivateKeyAccount,
-  publicClient: PublicClient,
-  send: () => Promise<Hex>,
-): Promise<Hex> {
+function minedWrite(rpcUrl: string, account: PrivateKeyAccount, publicClient: PublicClient, send: () => Promise<Hex>): Promise<Hex> {
   return serialSend(rpcUrl, account.address, async () => {
     const hash = await send()
     await publicClient.waitForTransactionReceipt({ hash, timeout: RECEIPT_TIMEOUT_MS, pollingInterval: POLL_MS })
@@ -349,7 +344,10 @@ function addRoutes(app: express.Express, label: string): void {
   })
   app.post('/paid', express.raw({ type: () => true, limit: '5mb' }), (req, res) => {
     const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0)
-    res.status(200).type(req.get('content-type') ?? 'application/json').send(body)
+    res
+      .status(200)
+      .type(req.get('content-type') ?? 'application/json')
+      .send(body)
   })
 }
 
@@ -487,12 +485,9 @@ export async function startV2Merchant(opts: MerchantOptions): Promise<Merchant> 
       address: account.address,
       readContract: (args) => publicClient.readContract(args as never),
       verifyTypedData: (args) => publicClient.verifyTypedData(args as never),
-      writeContract: (args) =>
-        minedWrite(opts.chain.rpcUrl, account, publicClient, () => walletClient.writeContract({ ...args, account, chain: walletClient.chain } as never)),
-      sendTransaction: (args) =>
-        minedWrite(opts.chain.rpcUrl, account, publicClient, () => walletClient.sendTransaction({ ...args, account, chain: walletClient.chain })),
-      waitForTransactionReceipt: (args) =>
-        publicClient.waitForTransactionReceipt({ hash: args.hash, timeout: args.timeout ?? RECEIPT_TIMEOUT_MS, pollingInterval: POLL_MS }),
+      writeContract: (args) => minedWrite(opts.chain.rpcUrl, account, publicClient, () => walletClient.writeContract({ ...args, account, chain: walletClient.chain } as never)),
+      sendTransaction: (args) => minedWrite(opts.chain.rpcUrl, account, publicClient, () => walletClient.sendTransaction({ ...args, account, chain: walletClient.chain })),
+      waitForTransactionReceipt: (args) => publicClient.waitForTransactionReceipt({ hash: args.hash, timeout: args.timeout ?? RECEIPT_TIMEOUT_MS, pollingInterval: POLL_MS }),
       getCode: (args) => publicClient.getCode(args),
     },
     { confirmationTimeoutMs: RECEIPT_TIMEOUT_MS },
@@ -580,8 +575,7 @@ export async function startV1Merchant(opts: MerchantOptions): Promise<Merchant> 
   // x402@1's settle() calls writeContract then waitForTransactionReceipt on this client.
   const settleWallet = {
     ...walletClient,
-    writeContract: (args: Parameters<typeof walletClient.writeContract>[0]) =>
-      minedWrite(opts.chain.rpcUrl, account, publicClient, () => walletClient.writeContract(args)),
+    writeContract: (args: Parameters<typeof walletClient.writeContract>[0]) => minedWrite(opts.chain.rpcUrl, account, publicClient, () => walletClient.writeContract(args)),
   }
 
   const fac = express()
@@ -733,7 +727,7 @@ function decodeSpecProof(header: string, signatureHeader: string | undefined): S
   const signature = sigs[0]
   if (signature === undefined) return refuse('missing_signature: send X-PAYMENT-SIGNATURE')
   if (!/^0x[0-9a-fA-F]+$/.test(signature)) return refuse('invalid_signature: not hex')
-  if (sigs.some((s) => s.toLowerCase() !== signature.toLowerCase())) return refuse('invalid_signature: X-PAYMENT-SIGNATURE differs from the payload\'s signature')
+  if (sigs.some((s) => s.toLowerCase() !== signature.toLowerCase())) return refuse("invalid_signature: X-PAYMENT-SIGNATURE differs from the payload's signature")
   const nonce = p.nonce ?? auth.nonce
   if (typeof nonce !== 'string' || !/^0x[0-9a-fA-F]{64}$/.test(nonce)) return refuse('invalid_payload: nonce must be 32 bytes of hex')
   return {

@@ -319,7 +319,15 @@ export async function startMppMerchant(opts: MppMerchantOptions): Promise<MppMer
     const p = JSON.parse(Buffer.from(header, 'base64').toString())
     const auth = p.payload.authorization
     if (JSON.stringify(p.accepted) !== JSON.stringify(v2Entry())) refuse('accepted_mismatch')
-    await settle3009({ from: auth.from, to: auth.to, value: BigInt(auth.value), validAfter: BigInt(auth.validAfter), validBefore: BigInt(auth.validBefore), nonce: auth.nonce, signature: p.payload.signature })
+    await settle3009({
+      from: auth.from,
+      to: auth.to,
+      value: BigInt(auth.value),
+      validAfter: BigInt(auth.validAfter),
+      validBefore: BigInt(auth.validBefore),
+      nonce: auth.nonce,
+      signature: p.payload.signature,
+    })
     stats.x402Payments++
     return true
   }

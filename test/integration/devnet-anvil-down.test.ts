@@ -86,5 +86,8 @@ t.test('a state change a frozen anvil leaves unanswered stops the chain: the jou
   const after = await settle(chain.request({ method: 'eth_blockNumber' }))
   t.match((after.error as Error)?.message, /anvil stalled on a state change .*restart Paygate/, 'every later call is refused')
   t.ok(after.ms < 500, 'at once')
-  t.ok(logs.some((l) => l.msg.startsWith('anvil stalled on a state change')), 'logged')
+  t.ok(
+    logs.some((l) => l.msg.startsWith('anvil stalled on a state change')),
+    'logged',
+  )
 })

@@ -32,11 +32,17 @@ t.test('one round trip for a run of transactions; a chain replayed from the jour
   const results = await chain.sendRawTransactions([...raws, foreign])
   t.equal(results.length, 21)
   const hashes = results.slice(0, 20).map((r) => ('hash' in r ? r.hash : null))
-  t.ok(hashes.every((h) => typeof h === 'string'), 'each transaction answered with its hash')
+  t.ok(
+    hashes.every((h) => typeof h === 'string'),
+    'each transaction answered with its hash',
+  )
   t.ok('error' in results[20]!, 'the refused one answered with its error')
 
   const receipts = (await Promise.all(hashes.map((h) => chain.request({ method: 'eth_getTransactionReceipt', params: [h] })))) as { status: Hex; blockNumber: Hex }[]
-  t.ok(receipts.every((r) => r?.status === '0x1'), 'every transaction mined')
+  t.ok(
+    receipts.every((r) => r?.status === '0x1'),
+    'every transaction mined',
+  )
   const latest = Number(await chain.request({ method: 'eth_blockNumber' }))
   const blocksOf = async (c: Devnet): Promise<string[]> =>
     Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))

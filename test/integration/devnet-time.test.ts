@@ -21,8 +21,7 @@ const dirs = (t: Test): { dir: string; copy: string } => ({ dir: testDir(t, 'pay
 /** A fresh block is one at most 1 s (of chain time) old: short, so the test need not idle long. */
 const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000, freshBlockMs: 1000 })
 const blockNumber = async (c: Devnet): Promise<number> => Number(await c.request({ method: 'eth_blockNumber' }))
-const callTimestamp = async (c: Devnet, tag?: string): Promise<number> =>
-  Number(await c.request({ method: 'eth_call', params: tag ? [{ data: TIMESTAMP_CODE }, tag] : [{ data: TIMESTAMP_CODE }] }))
+const callTimestamp = async (c: Devnet, tag?: string): Promise<number> => Number(await c.request({ method: 'eth_call', params: tag ? [{ data: TIMESTAMP_CODE }, tag] : [{ data: TIMESTAMP_CODE }] }))
 
 t.test('after an idle spell a call sees the current time; idle costs no blocks; concurrent reads share one block; a replay gives the same chain', async (t) => {
   const { dir, copy } = dirs(t)

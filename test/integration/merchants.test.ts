@@ -117,9 +117,7 @@ t.before(async () => {
   pub = createPublicClient({ chain, transport: viemHttp(node.rpcUrl), pollingInterval: 25 }) as PublicClient
   for (const a of [deployer.address, privateKeyToAccount(facilitatorKey).address]) {
     const params = [a, `0x${(10n ** 21n).toString(16)}`]
-    await pub.request({ method: 'anvil_setBalance' as never, params: params as never }).catch(() =>
-      pub.request({ method: 'hardhat_setBalance' as never, params: params as never }),
-    )
+    await pub.request({ method: 'anvil_setBalance' as never, params: params as never }).catch(() => pub.request({ method: 'hardhat_setBalance' as never, params: params as never }))
   }
   const wallet = createWalletClient({ chain, transport: viemHttp(node.rpcUrl), account: deployer, pollingInterval: 25 })
   const deployHash = await wallet.deployContract({ abi: paygateUsdcAbi, bytecode: bytecodes.PaygateUSDC as Hex, args: [deployer.address] })
@@ -140,8 +138,20 @@ t.teardown(async () => {
 const kinds: Array<{ name: string; label: string; shape: string; start: (o: MerchantOptions) => Promise<Merchant>; settlementHeader: string }> = [
   { name: 'official v2 (@x402/express)', label: 'v2', shape: 'x402-v2', start: startV2Merchant, settlementHeader: 'payment-response' },
   { name: 'official v1 (x402-express)', label: 'v1', shape: 'x402-v1', start: startV1Merchant, settlementHeader: 'x-payment-response' },
-  { name: 'spec simple shape, v,r,s settlement', label: 'spec', shape: 'spec-simple', start: (o) => startSpecMerchant({ ...o, shape: 'simple', signatureForm: 'vrs' }), settlementHeader: 'x-payment-response' },
-  { name: 'spec accepts shape, bytes settlement', label: 'spec', shape: 'spec-accepts', start: (o) => startSpecMerchant({ ...o, shape: 'accepts', signatureForm: 'bytes' }), settlementHeader: 'x-payment-response' },
+  {
+    name: 'spec simple shape, v,r,s settlement',
+    label: 'spec',
+    shape: 'spec-simple',
+    start: (o) => startSpecMerchant({ ...o, shape: 'simple', signatureForm: 'vrs' }),
+    settlementHeader: 'x-payment-response',
+  },
+  {
+    name: 'spec accepts shape, bytes settlement',
+    label: 'spec',
+    shape: 'spec-accepts',
+    start: (o) => startSpecMerchant({ ...o, shape: 'accepts', signatureForm: 'bytes' }),
+    settlementHeader: 'x-payment-response',
+  },
 ]
 
 for (const k of kinds) {
@@ -212,11 +222,7 @@ t.test('spec merchant refuses a proof whose X-PAYMENT-SIGNATURE does not match',
 
 t.test('concurrent payments to merchants sharing one facilitator key', async (t) => {
   const payTos = [newPayTo(), newPayTo(), newPayTo()]
-  const ms = [
-    await startV2Merchant(baseOpts(payTos[0]!)),
-    await startV1Merchant(baseOpts(payTos[1]!)),
-    await startSpecMerchant({ ...baseOpts(payTos[2]!), shape: 'simple' }),
-  ]
+  const ms = [await startV2Merchant(baseOpts(payTos[0]!)), await startV1Merchant(baseOpts(payTos[1]!)), await startSpecMerchant({ ...baseOpts(payTos[2]!), shape: 'simple' })]
   t.teardown(() => Promise.all(ms.map((m) => m.close())))
   const rounds = 3
   const t0 = Date.now()
@@ -229,7 +235,11 @@ t.test('concurrent payments to merchants sharing one facilitator key', async (t)
       }),
     ),
   )
-  t.same(answers.map((a) => a.status), Array(ms.length * rounds).fill(200), `${answers.length} concurrent payments in ${Date.now() - t0} ms`)
+  t.same(
+    answers.map((a) => a.status),
+    Array(ms.length * rounds).fill(200),
+    `${answers.length} concurrent payments in ${Date.now() - t0} ms`,
+  )
   for (const a of payTos) t.equal(await balanceOf(a), BigInt(rounds) * PRICE)
 })
 

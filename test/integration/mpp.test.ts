@@ -124,7 +124,15 @@ t.test('a card provider failure fails the payment before the merchant sees anyth
 t.test('a paymentEndpoint on another origin is not paid unless its host is allowed', async (t) => {
   const a = await agent()
   const other = await merchant()
-  const { m } = await merchant({ rawBody: { protocol: 'mpp/1.0', amount: { value: '0.01', currency: 'USD' }, paymentMethods: ['tempo'], sessionSupported: true, paymentEndpoint: `http://localhost:${new URL(other.m.url).port}/mpp/pay` } })
+  const { m } = await merchant({
+    rawBody: {
+      protocol: 'mpp/1.0',
+      amount: { value: '0.01', currency: 'USD' },
+      paymentMethods: ['tempo'],
+      sessionSupported: true,
+      paymentEndpoint: `http://localhost:${new URL(other.m.url).port}/mpp/pay`,
+    },
+  })
   const r = await pay(a.id, `${m.url}/paid`)
   t.equal(r.status, 402)
   t.equal(r.body.error, 'no_payable_offer')
@@ -215,7 +223,10 @@ t.test('20 concurrent first calls negotiate one session: one payment', async (t)
   const { m, payTo } = await merchant()
   const a = await agent()
   const results = await Promise.all(Array.from({ length: 20 }, () => pay(a.id, `${m.url}/paid`)))
-  t.ok(results.every((r) => r.status === 200), 'all served')
+  t.ok(
+    results.every((r) => r.status === 200),
+    'all served',
+  )
   t.equal(results.filter((r) => r.body.amountPaid.usdc === 0.01).length, 1, 'one paid')
   t.equal(results.filter((r) => r.body.session === 'reused').length, 19, 'the others rode on its session')
   t.equal(m.stats.payments, 1)
@@ -231,7 +242,10 @@ t.test('a POST is replayed with its body under the new session', async (t) => {
   t.equal(r.status, 200, r.text)
   t.equal(r.body.amountPaid.usdc, 0.01)
   t.same(r.body.data, body, 'the target saw the body and echoed it')
-  t.same(m.stats.postedBodies.map((b) => JSON.parse(b)), [body])
+  t.same(
+    m.stats.postedBodies.map((b) => JSON.parse(b)),
+    [body],
+  )
 })
 
 t.test('a transient failure at the payment endpoint resends the same authorization: one settlement', async (t) => {

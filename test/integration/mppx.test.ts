@@ -109,7 +109,11 @@ t.test('answer lost after settlement: the chain says paid, no resend; a replay o
 })
 
 t.test('preference on a target offering x402 v2 and the Payment scheme (mppx emits both)', async (t) => {
-  for (const [pref, want] of [['auto', 'x402'], ['x402', 'x402'], ['mpp', 'mpp']] as const) {
+  for (const [pref, want] of [
+    ['auto', 'x402'],
+    ['x402', 'x402'],
+    ['mpp', 'mpp'],
+  ] as const) {
     const { m, recipient } = await merchant()
     const a = await agent(pref)
     const r = await pay(a.id, `${m.url}/evm`)

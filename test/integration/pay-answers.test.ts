@@ -191,7 +191,15 @@ t.test("a compressed answer is decoded into data; the caller's Accept-Encoding i
     const coding = req.url!.slice(1)
     const json = Buffer.from(JSON.stringify({ hello: 'world', coding }))
     const body =
-      coding === 'gzip' ? gzipSync(json) : coding === 'br' ? brotliCompressSync(json) : coding === 'deflate' ? deflateSync(json) : coding === 'raw-deflate' ? deflateRawSync(json) : Buffer.from('not gzip at all')
+      coding === 'gzip'
+        ? gzipSync(json)
+        : coding === 'br'
+          ? brotliCompressSync(json)
+          : coding === 'deflate'
+            ? deflateSync(json)
+            : coding === 'raw-deflate'
+              ? deflateRawSync(json)
+              : Buffer.from('not gzip at all')
     const header = coding === 'broken' ? 'gzip' : coding === 'raw-deflate' ? 'deflate' : coding
     res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': header })
     res.end(body)

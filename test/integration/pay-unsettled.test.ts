@@ -89,7 +89,9 @@ async function silentTarget(t: Test): Promise<{ url: string; attempts: () => num
       return // never answers
     }
     const base = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`
-    res.writeHead(402, { 'content-type': 'application/json' }).end(JSON.stringify({ scheme: 'exact', network: `eip155:${info.chainId}`, token: info.token, amount: '250000', payTo, resource: base + req.url }))
+    res
+      .writeHead(402, { 'content-type': 'application/json' })
+      .end(JSON.stringify({ scheme: 'exact', network: `eip155:${info.chainId}`, token: info.token, amount: '250000', payTo, resource: base + req.url }))
   })
   await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
   t.teardown(() => {
@@ -181,8 +183,27 @@ t.test('the policy has its say before the wallet: an agent without a wallet gets
 
 t.test('a request cut off by a crash: what its transaction says decides the replay', async (t) => {
   const now = Date.now()
-  const base = { agentId: 'cut', createdAt: now, updatedAt: now, endpoint: 'http://127.0.0.1:1/x', method: 'GET', protocol: 'x402' as const, amount: '1000', txHash: null, parentTxHash: null, depth: 0 }
-  const eip3009 = (signature: string) => ({ from: '0x0000000000000000000000000000000000000001', to: '0x0000000000000000000000000000000000000002', value: '1000', validAfter: '0', validBefore: '1', nonce: `0x${'11'.repeat(32)}`, signature })
+  const base = {
+    agentId: 'cut',
+    createdAt: now,
+    updatedAt: now,
+    endpoint: 'http://127.0.0.1:1/x',
+    method: 'GET',
+    protocol: 'x402' as const,
+    amount: '1000',
+    txHash: null,
+    parentTxHash: null,
+    depth: 0,
+  }
+  const eip3009 = (signature: string) => ({
+    from: '0x0000000000000000000000000000000000000001',
+    to: '0x0000000000000000000000000000000000000002',
+    value: '1000',
+    validAfter: '0',
+    validBefore: '1',
+    nonce: `0x${'11'.repeat(32)}`,
+    signature,
+  })
   const cases: [string, Partial<TxRecord>, 'again' | 'paid' | string][] = [
     ['rejected by the policy', { status: 'rejected' }, 'again'],
     ['short of funds (nothing signed)', { status: 'failed', error: 'insufficient_funds' }, 'again'],

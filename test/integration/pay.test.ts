@@ -100,7 +100,7 @@ t.test('the ledger record of a lone payment is signed while the paid retry is on
   t.equal(r.status, 200, r.text)
   t.equal(calls.ahead, 1, 'asked to sign ahead')
   t.equal(calls.signsBeforeRecord, 1, 'the record was already signed when the paid answer came to be recorded')
-  t.same(calls.signs, [r.body.txHash], 'one signature, and its hash is the answer\'s txHash')
+  t.same(calls.signs, [r.body.txHash], "one signature, and its hash is the answer's txHash")
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
   t.equal((await pub.getTransactionReceipt({ hash: r.body.txHash })).status, 'success')
   const tx = (await gw.api('GET', `/v1/transactions/${r.body.txHash}`)).body
@@ -217,7 +217,9 @@ t.test('unrecognised and unpayable 402s', async (t) => {
   const plain = createServer((req, res) => {
     if (req.url === '/other-chain') {
       res.writeHead(402, { 'content-type': 'application/json' })
-      res.end(JSON.stringify({ scheme: 'exact', network: 'eip155:1', token: info.token, amount: '10', payTo: info.token, resource: `http://127.0.0.1:${(plain.address() as AddressInfo).port}/other-chain` }))
+      res.end(
+        JSON.stringify({ scheme: 'exact', network: 'eip155:1', token: info.token, amount: '10', payTo: info.token, resource: `http://127.0.0.1:${(plain.address() as AddressInfo).port}/other-chain` }),
+      )
       return
     }
     res.writeHead(402, { 'content-type': 'text/plain' })
@@ -286,7 +288,10 @@ t.test('pay request validation and access', async (t) => {
   t.equal((await gw.api('GET', '/v1/transactions?agentId=payer', { key: other })).status, 403)
   const own = await gw.api('GET', '/v1/transactions', { key })
   t.equal(own.status, 200)
-  t.ok(own.body.transactions.every((x: { agentId: string }) => x.agentId === 'payer'), 'an agent key lists only its own')
+  t.ok(
+    own.body.transactions.every((x: { agentId: string }) => x.agentId === 'payer'),
+    'an agent key lists only its own',
+  )
   const page = await gw.api('GET', '/v1/transactions?agentId=payer&limit=2')
   t.equal(page.body.transactions.length, 2)
   const next = await gw.api('GET', `/v1/transactions?agentId=payer&limit=2&cursor=${page.body.nextCursor}`)

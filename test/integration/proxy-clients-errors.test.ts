@@ -208,7 +208,9 @@ t.test('Paygate’s own refusals carry X-Paygate-Error and the error JSON, also 
   // WebSocket upgrades: an unreachable target, and inside a tunnel another host than the tunnel's.
   paygates(
     t,
-    await raw(`GET ws://127.0.0.1:${closedPort}/ws HTTP/1.1\r\nHost: 127.0.0.1:${closedPort}\r\nProxy-Authorization: ${auth}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`),
+    await raw(
+      `GET ws://127.0.0.1:${closedPort}/ws HTTP/1.1\r\nHost: 127.0.0.1:${closedPort}\r\nProxy-Authorization: ${auth}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`,
+    ),
     502,
     'upstream_unreachable',
     'upgrade to an unreachable target',

@@ -55,7 +55,13 @@ const proxyVars = { HTTPS_PROXY: proxyUrl, HTTP_PROXY: proxyUrl }
 /** A python3 with requests: the first on PATH may be a separate install (pyenv); Debian's python3-requests serves /usr/bin/python3. */
 async function python(t: Test): Promise<string> {
   for (const cand of ['python3', '/usr/bin/python3']) {
-    if (await run(cand, ['-c', 'import requests']).then(() => true, () => false)) return cand
+    if (
+      await run(cand, ['-c', 'import requests']).then(
+        () => true,
+        () => false,
+      )
+    )
+      return cand
   }
   t.fail('a python3 with requests (.ci/run installs python3-requests when none has it)')
   return 'python3'

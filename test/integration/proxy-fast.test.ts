@@ -114,10 +114,7 @@ t.test('HTTP/1.0 and malformed requests are Node parser business', async (t) => 
 
 t.test('hop-by-hop fields stay on their hop; Paygate headers never reach the target', async (t) => {
   seen.length = 0
-  const { got } = await exchange(
-    `GET http://${target}/hop HTTP/1.1\r\nHost: ${target}\r\nConnection: x-secret\r\nX-Secret: 1\r\nX-Paygate-Trace: 2\r\nX-Keep: 3\r\n\r\n`,
-    (g) => g.endsWith('ok'),
-  )
+  const { got } = await exchange(`GET http://${target}/hop HTTP/1.1\r\nHost: ${target}\r\nConnection: x-secret\r\nX-Secret: 1\r\nX-Paygate-Trace: 2\r\nX-Keep: 3\r\n\r\n`, (g) => g.endsWith('ok'))
   const h = seen[0]!.headers
   t.equal(h['x-secret'], undefined)
   t.equal(h['x-paygate-trace'], undefined)

@@ -98,7 +98,10 @@ t.test('sidecar mode: no credentials uses the default agent', async (t) => {
   const r = await request(`${echo}/`, { dispatcher: agent })
   t.equal(r.statusCode, 200)
   t.equal(await r.body.text(), 'hi')
-  t.ok(gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"agentId":"sidecar"')), 'logged as the default agent')
+  t.ok(
+    gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"agentId":"sidecar"')),
+    'logged as the default agent',
+  )
 })
 
 t.test('proxy.accessLog false: requests are served without their info line; a failure is still logged', async (t) => {
@@ -114,8 +117,14 @@ t.test('proxy.accessLog false: requests are served without their info line; a fa
   t.teardown(() => agent.close())
   const r = await request(`${echo}/`, { dispatcher: agent })
   t.equal(await r.body.text(), 'quiet')
-  t.ok(quiet.logs.some((l) => l.includes('"msg":"chain ready"')), 'the gateway still logs at info')
-  t.notOk(quiet.logs.some((l) => l.includes('"msg":"proxy request"')), 'no line per proxied request')
+  t.ok(
+    quiet.logs.some((l) => l.includes('"msg":"chain ready"')),
+    'the gateway still logs at info',
+  )
+  t.notOk(
+    quiet.logs.some((l) => l.includes('"msg":"proxy request"')),
+    'no line per proxied request',
+  )
   // A failure (and a payment) keeps its line: the target's port is closed now.
   const probe = createServer()
   await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r))
@@ -124,13 +133,19 @@ t.test('proxy.accessLog false: requests are served without their info line; a fa
   const failed = await request(`http://127.0.0.1:${closedPort}/`, { dispatcher: agent })
   await failed.body.dump()
   t.equal(failed.statusCode, 502)
-  t.ok(quiet.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"error":"upstream_unreachable"')), 'the failed request is logged')
+  t.ok(
+    quiet.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes('"error":"upstream_unreachable"')),
+    'the failed request is logged',
+  )
   // The same request through a gateway with the default config is logged.
   const loud = new ProxyAgent({ uri: gw.gw.proxyUrl, proxyTunnel: false } as never)
   t.teardown(() => loud.close())
   await (await request(`${echo}/`, { dispatcher: loud })).body.text()
   const host = new URL(echo).host
-  t.ok(gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes(`"host":"${host}"`)), 'logged by default')
+  t.ok(
+    gw.logs.some((l) => l.includes('"msg":"proxy request"') && l.includes(`"host":"${host}"`)),
+    'logged by default',
+  )
 })
 
 t.test('WebSocket echo through the proxy', async (t) => {
@@ -143,7 +158,12 @@ t.test('WebSocket echo through the proxy', async (t) => {
     const p = new URL(gw.gw.proxyUrl)
     // ws has no proxy support of its own: open the upgrade with an absolute-form path by hand.
     import('node:http').then(({ request: req }) => {
-      const r = req({ host: p.hostname, port: p.port, path: `${base}/chat`, headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': Buffer.from('0123456789abcdef').toString('base64'), 'proxy-authorization': basic } })
+      const r = req({
+        host: p.hostname,
+        port: p.port,
+        path: `${base}/chat`,
+        headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': Buffer.from('0123456789abcdef').toString('base64'), 'proxy-authorization': basic },
+      })
       r.on('upgrade', (_res, socket) => {
         // One masked text frame "ping", then read the echo frame.
         const payload = Buffer.from('ping')

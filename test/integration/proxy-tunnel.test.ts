@@ -181,7 +181,10 @@ t.test('absolute-form requests inside a tunnel: its own host and port served, ot
   sec.send(`DELETE https://${tlsHost}/gone?y=2 HTTP/1.1\r\nHost: ${tlsHost}\r\n\r\n`)
   a = await sec.answer()
   t.match(JSON.parse(a.body), { method: 'DELETE', url: '/gone?y=2', tls: true })
-  t.notOk(gw.logs.some((l) => l.includes('Invalid URL')), 'no internal error logged')
+  t.notOk(
+    gw.logs.some((l) => l.includes('Invalid URL')),
+    'no internal error logged',
+  )
 })
 
 t.test('a key revoked while its tunnel is open: the next request inside gets 407 and the tunnel closes', async (t) => {

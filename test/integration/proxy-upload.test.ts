@@ -71,7 +71,17 @@ function curl(args: string[]): Promise<{ code: number; stdout: string; stderr: s
   })
 }
 
-const upload = (f: { path: string }, url: string, extra: string[] = []): string[] => ['-i', '-x', proxyArg, '-H', 'content-type: application/octet-stream', ...extra, '--data-binary', `@${f.path}`, url]
+const upload = (f: { path: string }, url: string, extra: string[] = []): string[] => [
+  '-i',
+  '-x',
+  proxyArg,
+  '-H',
+  'content-type: application/octet-stream',
+  ...extra,
+  '--data-binary',
+  `@${f.path}`,
+  url,
+]
 
 t.test('curl uploads with Expect: 100-continue reach the target intact, without Expect', async (t) => {
   const cases: [string, { path: string; sha: string }, string[], number][] = [
@@ -108,7 +118,10 @@ t.test('a streamed upload to an unreachable target is a 502, answered before the
     lines.some((l) => l.includes('"level":"error"') || l.includes('proxy request failed')),
     'nothing logged at error level',
   )
-  t.ok(lines.some((l) => l.includes('"msg":"proxy request"') && l.includes('"status":502') && l.includes('"error":"upstream_unreachable"')), 'the access line says 502 upstream_unreachable')
+  t.ok(
+    lines.some((l) => l.includes('"msg":"proxy request"') && l.includes('"status":502') && l.includes('"error":"upstream_unreachable"')),
+    'the access line says 502 upstream_unreachable',
+  )
 
   // The connection stays in step: the rest of the upload is read and dropped, and the next
   // request on it is served. (A raw socket: curl itself may close after an early answer.)

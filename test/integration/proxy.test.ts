@@ -77,7 +77,12 @@ t.test('Python requests with REQUESTS_CA_BUNDLE pays', async (t) => {
   // The first interpreter on PATH may be a separate install (pyenv); Debian's python3-requests serves /usr/bin/python3.
   let python = ''
   for (const cand of ['python3', '/usr/bin/python3']) {
-    if (await run(cand, ['-c', 'import requests']).then(() => true, () => false)) {
+    if (
+      await run(cand, ['-c', 'import requests']).then(
+        () => true,
+        () => false,
+      )
+    ) {
       python = cand
       break
     }
@@ -108,7 +113,11 @@ t.test('a policy rejection reaches the client as 402 with X-Paygate-Error', asyn
   const key = (await gw.api('POST', '/v1/agents', { body: { agentId: 'px-capped' } })).body.apiKey
   await gw.api('POST', '/v1/wallets', { body: { agentId: 'px-capped' } })
   await gw.api('PUT', '/v1/policies/px-capped', { body: { perCallLimit: { usdc: 0.001 } } })
-  const capped = new ProxyAgent({ uri: gw.gw.proxyUrl, token: `Basic ${Buffer.from(`px-capped:${key}`).toString('base64')}`, requestTls: { ca: (await gw.api('GET', '/v1/ca.pem', { key: null })).text } })
+  const capped = new ProxyAgent({
+    uri: gw.gw.proxyUrl,
+    token: `Basic ${Buffer.from(`px-capped:${key}`).toString('base64')}`,
+    requestTls: { ca: (await gw.api('GET', '/v1/ca.pem', { key: null })).text },
+  })
   t.teardown(() => capped.close())
   const r = await request(`${v2.https}/paid`, { dispatcher: capped })
   t.equal(r.statusCode, 402)

@@ -46,7 +46,17 @@ async function leftInFlight(amount: bigint, opts: { signed: boolean; validBefore
     parentTxHash: null,
     depth: 0,
     ...(opts.signed
-      ? { authorization: { from: auth.from, to: auth.to, value: String(amount), validAfter: '0', validBefore: String(opts.validBefore), nonce: auth.nonce, signature: opts.signatureOnDisk === false ? '' : signature } }
+      ? {
+          authorization: {
+            from: auth.from,
+            to: auth.to,
+            value: String(amount),
+            validAfter: '0',
+            validBefore: String(opts.validBefore),
+            nonce: auth.nonce,
+            signature: opts.signatureOnDisk === false ? '' : signature,
+          },
+        }
       : {}),
   }
   const usage = hold(await gw.gw.policies.usageOf('r'), { id: rec.id, amount: rec.amount, at: now })
@@ -86,7 +96,10 @@ t.test('expired unused: failed and released; still valid: kept', async (t) => {
   await gw.gw.reconciler.runOnce()
   t.equal((await gw.gw.transactions.get(expired.rec.id))!.status, 'failed')
   t.equal((await gw.gw.transactions.get(live.rec.id))!.status, 'unknown', 'may still settle: kept held')
-  t.same((await gw.gw.policies.usageOf('r')).holds?.map((h) => h.id), [live.rec.id])
+  t.same(
+    (await gw.gw.policies.usageOf('r')).holds?.map((h) => h.id),
+    [live.rec.id],
+  )
   t.equal((await gw.api('GET', '/v1/policies/r')).body.dailyBudget.usedToday, 1, 'released spend is not counted')
 })
 
@@ -127,6 +140,9 @@ t.test('a reservation written before its signature (the engine signs while it is
   t.equal((await gw.api('GET', `/v1/transactions/${used.rec.id}`)).body.status, 'paid')
   t.equal((await gw.api('GET', `/v1/transactions/${unsent.rec.id}`)).body.status, 'failed')
   const holds = (await gw.gw.policies.usageOf('r')).holds ?? []
-  t.notOk(holds.some((h) => h.id === used.rec.id || h.id === unsent.rec.id), 'both reservations settled')
+  t.notOk(
+    holds.some((h) => h.id === used.rec.id || h.id === unsent.rec.id),
+    'both reservations settled',
+  )
   t.ok(await gw.gw.outbox.drain(10_000))
 })

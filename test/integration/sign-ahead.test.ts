@@ -108,7 +108,9 @@ async function v2Target(t: Test, offer: { price: bigint; description: string }):
     }
     const { port } = server.address() as AddressInfo
     const accepts = [{ scheme: 'exact', network: `eip155:${info.chainId}`, amount: String(offer.price), asset: info.token, payTo, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' } }]
-    const required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url: `http://127.0.0.1:${port}/paid`, description: offer.description }, accepts })).toString('base64')
+    const required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url: `http://127.0.0.1:${port}/paid`, description: offer.description }, accepts })).toString(
+      'base64',
+    )
     res.writeHead(402, { 'payment-required': required, 'content-type': 'application/json' }).end('{}')
   })
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
@@ -132,7 +134,16 @@ t.test('a 402 with another offer (the price changed) drops the signature made ah
   t.equal(auth.value, '2500', 'the authorization sent is for the new price')
   const signer = await recoverTypedDataAddress({
     domain: { name: 'USD Coin', version: '2', chainId: info.chainId, verifyingContract: info.token },
-    types: { TransferWithAuthorization: [{ name: 'from', type: 'address' }, { name: 'to', type: 'address' }, { name: 'value', type: 'uint256' }, { name: 'validAfter', type: 'uint256' }, { name: 'validBefore', type: 'uint256' }, { name: 'nonce', type: 'bytes32' }] },
+    types: {
+      TransferWithAuthorization: [
+        { name: 'from', type: 'address' },
+        { name: 'to', type: 'address' },
+        { name: 'value', type: 'uint256' },
+        { name: 'validAfter', type: 'uint256' },
+        { name: 'validBefore', type: 'uint256' },
+        { name: 'nonce', type: 'bytes32' },
+      ],
+    },
     primaryType: 'TransferWithAuthorization',
     message: { from: auth.from as Hex, to: auth.to as Hex, value: BigInt(auth.value!), validAfter: BigInt(auth.validAfter!), validBefore: BigInt(auth.validBefore!), nonce: auth.nonce as Hex },
     signature: sent[2]!.signature,

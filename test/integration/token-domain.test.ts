@@ -26,7 +26,7 @@ function compileUsdcVariants(): { withEip5267: Hex; nameVersionOnly: Hex } {
   const source = readFileSync(new URL('../../contracts/PaygateUSDC.sol', import.meta.url), 'utf8')
   const renamed = source.replace('string public constant name = "USD Coin";', 'string public constant name = "USDC";')
   const noEip5267 = renamed.replace('function eip712Domain()', 'function eip712DomainHidden()')
-  if (renamed === source || noEip5267 === renamed) throw new Error('contracts/PaygateUSDC.sol changed: update this test\'s variants')
+  if (renamed === source || noEip5267 === renamed) throw new Error("contracts/PaygateUSDC.sol changed: update this test's variants")
   const input = {
     language: 'Solidity',
     sources: { 'a.sol': { content: renamed }, 'b.sol': { content: noEip5267 } },

@@ -93,10 +93,7 @@ t.test("an EIP-3009 transfer signed with the agent's wallet settles once; its re
   t.equal(await onChainBalance(payTo), 1_250_000n)
   t.equal(await onChainBalance(account.address), fromBefore - 1_250_000n)
   t.equal(await pub.readContract({ address: chainInfo.token, abi: paygateUsdcAbi, functionName: 'authorizationState', args: [auth.from, auth.nonce] }), true)
-  await t.rejects(
-    pub.simulateContract({ account: relayer, address: chainInfo.token, abi: paygateUsdcAbi, functionName: 'transferWithAuthorization', args }),
-    'the replay reverts',
-  )
+  await t.rejects(pub.simulateContract({ account: relayer, address: chainInfo.token, abi: paygateUsdcAbi, functionName: 'transferWithAuthorization', args }), 'the replay reverts')
   const balanceAfter = (await gw.api('GET', '/v1/wallets/alice')).body.balance.usdc
   t.equal(BigInt(Math.round(balanceAfter * 1e6)), fromBefore - 1_250_000n, 'the API sees the transfer')
 })
@@ -129,7 +126,14 @@ t.test('the embedded chain: JSON-RPC on loopback with dev methods, time followin
   const ts = Number((await rpc('eth_getBlockByNumber', ['latest', false])).timestamp)
   t.ok(Math.abs(ts - Date.now() / 1000) < 5, `block time ${ts} follows the wall clock`)
   // A batch request works too.
-  const batch = await fetch(chainInfo.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify([{ jsonrpc: '2.0', id: 1, method: 'eth_chainId' }, { jsonrpc: '2.0', id: 2, method: 'eth_blockNumber' }]) })
+  const batch = await fetch(chainInfo.rpcUrl, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify([
+      { jsonrpc: '2.0', id: 1, method: 'eth_chainId' },
+      { jsonrpc: '2.0', id: 2, method: 'eth_blockNumber' },
+    ]),
+  })
   t.equal(((await batch.json()) as unknown[]).length, 2, 'JSON-RPC batches')
   await rpc('evm_increaseTime', [120])
   await rpc('evm_mine')

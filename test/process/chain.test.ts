@@ -42,7 +42,10 @@ t.test('contracts deployed once; balances and acknowledged changes survive SIGTE
   const second = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   const chain2 = (await call(second.url, 'GET', '/v1/chain', acct)).body
   t.same([chain2.token, chain2.ledger], [chain1.token, chain1.ledger], 'the same contracts are reused')
-  t.notOk(logsOf(second).some((j) => j.msg === 'deployed token and ledger on the embedded chain'), 'no second deployment')
+  t.notOk(
+    logsOf(second).some((j) => j.msg === 'deployed token and ledger on the embedded chain'),
+    'no second deployment',
+  )
   t.ok(chain2.blockNumber >= chain1.blockNumber, 'history kept')
   t.same((await call(second.url, 'GET', '/v1/wallets/w1', acct)).body, { address: w1.address, network: 'paygate-devnet', balance: { usdc: 1001.5 } })
 
@@ -120,7 +123,10 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
 
   const g = await spawnGateway({ ...base, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_CHAIN_NETWORK: 'test-mainnet' })
   t.teardown(() => g.stop('SIGKILL'))
-  t.notOk(logsOf(g).some((j) => j.msg === 'anvil started'), 'no embedded chain is started')
+  t.notOk(
+    logsOf(g).some((j) => j.msg === 'anvil started'),
+    'no embedded chain is started',
+  )
   const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(g.url, 'GET', '/v1/chain', acct)).body
   t.match(info, { network: 'test-mainnet', chainId: 31338, rpcUrl: shown, token: addrs.token, ledger: addrs.ledger })
@@ -143,7 +149,10 @@ t.test('external chain: deploy-ledger CLI, then Paygate on a chain it did not st
   }
   t.equal(bal, 7)
   t.same((await call(g.url, 'GET', '/readyz', null)).body.checks, { store: true, chain: true })
-  t.ok(logsOf(g).some((j) => j.msg === 'chain ready' && j.rpcUrl === shown), 'the chain is logged by its origin')
+  t.ok(
+    logsOf(g).some((j) => j.msg === 'chain ready' && j.rpcUrl === shown),
+    'the chain is logged by its origin',
+  )
 
   // With the chain gone, viem's errors carry the URL (less its userinfo) into the logs: hidden there too.
   await ext.close()
@@ -217,10 +226,12 @@ t.test('external chain behind a proxy that stops answering: /readyz answers not-
   const proxy = createServer((req, res) => {
     if (hang) return
     const chunks: Buffer[] = []
-    req.on('data', (c: Buffer) => chunks.push(c)).on('end', async () => {
-      const r = await fetch(ext.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: Buffer.concat(chunks) })
-      res.writeHead(r.status, { 'content-type': 'application/json' }).end(Buffer.from(await r.arrayBuffer()))
-    })
+    req
+      .on('data', (c: Buffer) => chunks.push(c))
+      .on('end', async () => {
+        const r = await fetch(ext.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: Buffer.concat(chunks) })
+        res.writeHead(r.status, { 'content-type': 'application/json' }).end(Buffer.from(await r.arrayBuffer()))
+      })
   })
   await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r))
   t.teardown(async () => {

@@ -24,7 +24,11 @@ t.test('a request cut off by SIGKILL after settlement: the same idempotencyKey r
   let info = (await call(first.url, 'GET', '/v1/chain', acct)).body
   const facilitator = privateKeyToAccount(generatePrivateKey())
   const fund = (rpc: string) =>
-    fetch(rpc, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'anvil_setBalance', params: [facilitator.address, '0x56bc75e2d63100000'] }) })
+    fetch(rpc, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'anvil_setBalance', params: [facilitator.address, '0x56bc75e2d63100000'] }),
+    })
   await fund(info.rpcUrl)
   const clients = () => {
     const chain = viemChain(info.chainId, info.network, info.rpcUrl)
@@ -39,7 +43,9 @@ t.test('a request cut off by SIGKILL after settlement: the same idempotencyKey r
     const xp = req.headers['x-payment']
     if (!xp) {
       const resource = `http://127.0.0.1:${(srv.address() as AddressInfo).port}${req.url}`
-      return void res.writeHead(402, { 'content-type': 'application/json' }).end(JSON.stringify({ scheme: 'exact', network: `eip155:${info.chainId}`, token: info.token, amount: '50000', payTo, resource }))
+      return void res
+        .writeHead(402, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ scheme: 'exact', network: `eip155:${info.chainId}`, token: info.token, amount: '50000', payTo, resource }))
     }
     const p = JSON.parse(Buffer.from(String(xp), 'base64').toString()).payload
     const { pub, wc } = clients()

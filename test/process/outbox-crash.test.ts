@@ -24,7 +24,10 @@ t.test('SIGKILL right after payments: after restart every ledger record reaches 
   await call(first.url, 'POST', '/v1/wallets', acct, { agentId: 'crash' })
 
   const paid = await Promise.all(Array.from({ length: 12 }, () => call(first.url, 'POST', '/v1/pay', acct, { agentId: 'crash', endpoint: `${m.url}/paid` })))
-  t.same(paid.map((p) => p.status), Array(12).fill(200))
+  t.same(
+    paid.map((p) => p.status),
+    Array(12).fill(200),
+  )
   const hashes = paid.map((p) => p.body.txHash as Hex)
   t.equal(new Set(hashes).size, 12, 'one ledger transaction per payment')
   t.equal(await first.stop('SIGKILL'), 'SIGKILL')

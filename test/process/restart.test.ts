@@ -70,12 +70,22 @@ t.test('a revoked bootstrap key stays revoked after a restart: a new account key
   t.equal(statSync(keyFile).mode & 0o777, 0o600, 'still 0600')
   t.equal((await call(second.url, 'GET', '/v1/agents', newKey)).status, 200, 'and it works')
   const keys = (await call(second.url, 'GET', '/v1/keys', newKey)).body.keys as { keyId: string; prefix: string; revokedAt?: string }[]
-  t.same(keys.filter((k) => !k.revokedAt).map((k) => k.prefix), [newKey.slice(0, 'rp_live_'.length + 4)], 'the only active account key is the new one')
+  t.same(
+    keys.filter((k) => !k.revokedAt).map((k) => k.prefix),
+    [newKey.slice(0, 'rp_live_'.length + 4)],
+    'the only active account key is the new one',
+  )
   t.ok(keys.find((k) => k.keyId === bootstrap.keyId)?.revokedAt, 'the old one is listed as revoked')
   t.equal(keys.length, 2, 'the revoked one and the new one: no new record of the old key')
   // The file's path is logged as on a first start; the key itself is not (stdout is not a terminal).
   for (let i = 0; i < 50 && !second.stdout.some((l) => /created an account key/.test(l)); i++) await new Promise((r) => setTimeout(r, 100))
-  t.ok(second.stdout.some((l) => /created an account key/.test(l) && JSON.parse(l).accountKeyFile === keyFile), 'the key file path is logged')
-  t.notOk([...second.stdout, ...second.stderr].some((l) => l.includes(newKey) || l.includes(oldKey)), 'no account key in the output')
+  t.ok(
+    second.stdout.some((l) => /created an account key/.test(l) && JSON.parse(l).accountKeyFile === keyFile),
+    'the key file path is logged',
+  )
+  t.notOk(
+    [...second.stdout, ...second.stderr].some((l) => l.includes(newKey) || l.includes(oldKey)),
+    'no account key in the output',
+  )
   t.equal(await second.stop('SIGTERM'), 0)
 })

@@ -11,7 +11,9 @@ const apiPort = Number(new URL(gw.url).port)
 const proxyPort = Number(new URL(gw.gw.proxyUrl).port)
 
 t.test('an API request whose body stops coming: 408 with the error body, then the connection closes', async (t) => {
-  const r = await rawExchange(apiPort, [`POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"agentId":`])
+  const r = await rawExchange(apiPort, [
+    `POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"agentId":`,
+  ])
   t.equal(r.status, 408)
   t.same(JSON.parse(r.body || 'null')?.error, 'invalid_request')
   t.equal(r.headers.connection, 'close')
@@ -19,7 +21,11 @@ t.test('an API request whose body stops coming: 408 with the error body, then th
 
 t.test('a body dripped a byte at a time is bounded by the same deadline', async (t) => {
   const drip = Array.from({ length: 100 }, () => ' ')
-  const r = await rawExchange(apiPort, [`POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n`, ...drip], { pauseMs: 100 })
+  const r = await rawExchange(
+    apiPort,
+    [`POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n`, ...drip],
+    { pauseMs: 100 },
+  )
   t.equal(r.status, 408)
   t.same(JSON.parse(r.body || 'null')?.error, 'invalid_request')
 })
@@ -32,7 +38,10 @@ t.test('an API request head that never ends: 408 with the error body', async (t)
 
 t.test('a proxy request whose buffered body stops coming: 408 with X-Paygate-Error, then the connection closes', async (t) => {
   let reached = 0
-  const port = await listenForTest(t, createServer((_req, res) => (reached++, res.end('ok'))))
+  const port = await listenForTest(
+    t,
+    createServer((_req, res) => (reached++, res.end('ok'))),
+  )
   const agent = (await gw.api('POST', '/v1/agents', { body: { agentId: 'slow-uploader' } })).body
   const r = await rawExchange(proxyPort, [
     `POST http://127.0.0.1:${port}/upload HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nProxy-Authorization: ${basic(agent.agentId, agent.apiKey)}\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\nten bytes.`,
@@ -45,5 +54,8 @@ t.test('a proxy request whose buffered body stops coming: 408 with X-Paygate-Err
 })
 
 t.test('none of it was logged as an error', async (t) => {
-  t.same(gw.logs.filter((l) => /"level":(50|60)/.test(l)), [])
+  t.same(
+    gw.logs.filter((l) => /"level":(50|60)/.test(l)),
+    [],
+  )
 })

@@ -24,7 +24,8 @@ t.test('every spelling of an address is one address', async (t) => {
   t.equal(formatIp(parseIp('0:0:0:0:0:0:0:1')!), '::1')
   t.equal(formatIp(parseIp('FE80::1%eth0')!), 'fe80::1')
   t.equal(formatIp(parseIp('2001:db8:0:0:1:0:0:1')!), '2001:db8::1:0:0:1')
-  for (const bad of ['', 'example.com', '1.2.3.4.5', '256.0.0.1', '0x100000000', '4294967296', '1::2::3', '1:2:3:4:5:6:7:8:9', '::ffff:1.2.3', '12345::', 'g::1']) t.equal(parseIp(bad), null, `not an address: ${bad}`)
+  for (const bad of ['', 'example.com', '1.2.3.4.5', '256.0.0.1', '0x100000000', '4294967296', '1::2::3', '1:2:3:4:5:6:7:8:9', '::ffff:1.2.3', '12345::', 'g::1'])
+    t.equal(parseIp(bad), null, `not an address: ${bad}`)
 })
 
 t.test("Paygate's own listeners are refused on every local address, whatever the configuration", async (t) => {
@@ -135,7 +136,24 @@ t.test('the checks run in CHECK_ORDER: a target failing several gets the first',
 })
 
 t.test('egress entries: what is accepted and what is refused with a reason', async (t) => {
-  for (const ok of ['10.0.0.0/8', '10.1.2.3', 'fc00::/7', '::1', '[::1]', '[::1]:6379', '[fc00::/7]:443', '127.0.0.1:5432', '10.0.0.0/8:8000-8999', 'api.internal', 'API.Internal.', '*.internal', 'db.corp:5432', '::ffff:10.0.0.0/104', '0.0.0.0/0', '::/0']) {
+  for (const ok of [
+    '10.0.0.0/8',
+    '10.1.2.3',
+    'fc00::/7',
+    '::1',
+    '[::1]',
+    '[::1]:6379',
+    '[fc00::/7]:443',
+    '127.0.0.1:5432',
+    '10.0.0.0/8:8000-8999',
+    'api.internal',
+    'API.Internal.',
+    '*.internal',
+    'db.corp:5432',
+    '::ffff:10.0.0.0/104',
+    '0.0.0.0/0',
+    '::/0',
+  ]) {
     t.type(parseRule(ok), 'object', ok)
   }
   t.match(parseRule('10.1.2.3/8'), /bits are set past the prefix length \(the network is 10\.0\.0\.0\/8\)/)
@@ -155,7 +173,10 @@ t.test('egress.allow and egress.deny load from the environment and the file, and
   const { config } = loadConfig({ env: { PAYGATE_EGRESS_ALLOW: '10.20.0.0/16, billing.internal:8080', PAYGATE_EGRESS_DENY: '[::1]:6379' } })
   t.same(config.egress, { allow: ['10.20.0.0/16', 'billing.internal:8080'], deny: ['[::1]:6379'] })
   t.same(loadConfig({}).config.egress, { allow: [], deny: [] }, 'empty by default')
-  t.throws(() => loadConfig({ env: { PAYGATE_EGRESS_ALLOW: '10.0.0.1/8,ok.example' } }), { code: 'invalid_config', message: /egress\.allow = .*10\.0\.0\.1\/8.*PAYGATE_EGRESS_ALLOW.*the network is 10\.0\.0\.0\/8/ })
+  t.throws(() => loadConfig({ env: { PAYGATE_EGRESS_ALLOW: '10.0.0.1/8,ok.example' } }), {
+    code: 'invalid_config',
+    message: /egress\.allow = .*10\.0\.0\.1\/8.*PAYGATE_EGRESS_ALLOW.*the network is 10\.0\.0\.0\/8/,
+  })
   t.throws(() => loadConfig({ argv: ['--egress-deny', 'not a host'] }), { code: 'invalid_config', message: /egress\.deny/ })
 })
 
@@ -174,7 +195,11 @@ function guard(opts: { allow?: string[]; deny?: string[]; resolver?: Resolver } 
     (async (h) => {
       asked.push(h)
       if (h === 'intranet.test') return [{ address: '10.1.2.3', family: 4 }]
-      if (h === 'merchant.test') return [{ address: '127.0.0.1', family: 4 }, { address: '::1', family: 6 }]
+      if (h === 'merchant.test')
+        return [
+          { address: '127.0.0.1', family: 4 },
+          { address: '::1', family: 6 },
+        ]
       throw Object.assign(new Error(`getaddrinfo ENOTFOUND ${h}`), { code: 'ENOTFOUND' })
     })
   const g = new EgressGuard({ allow: opts.allow ?? [], deny: opts.deny ?? [], log: createLogger('info', sink), resolver, interfaces: () => ['127.0.0.1', '192.0.2.2'] })

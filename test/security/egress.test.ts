@@ -232,7 +232,10 @@ t.test("the chain RPC theft through POST /v1/pay is refused in every spelling, a
   const lines = gw.logs.slice(before.lines).filter((l) => l.includes('"egress denied"'))
   t.equal(lines.length, SPELLINGS.length * theft.length, 'each denial logged')
   t.match(JSON.parse(lines.at(-1)!), { level: 'warn', msg: 'egress denied', port: rpcPort, reason: 'own_listener' })
-  t.notOk(gw.logs.some((l) => l.includes(attacker.key)), 'no agent key in the log')
+  t.notOk(
+    gw.logs.some((l) => l.includes(attacker.key)),
+    'no agent key in the log',
+  )
 })
 
 t.test('the same theft through the proxy: absolute-form requests, CONNECT tunnels (intercepted and pass-through), a WebSocket upgrade', async (t) => {
@@ -321,8 +324,15 @@ t.test('private ranges and metadata are refused before any connection is attempt
     const c = await tunnel(attacker.auth, u.port ? u.host : `${u.host}:80`, null)
     t.equal(statusOf(c.head), 403, `CONNECT ${u.host}: refused at once`)
   }
-  t.same(attempts.slice(from).filter((a) => !loopback(a.address)), [], 'no connection attempt beyond loopback')
-  t.notOk(asked.some((h) => h.startsWith('metadata') || h === 'instance-data'), 'metadata names are refused without even being resolved')
+  t.same(
+    attempts.slice(from).filter((a) => !loopback(a.address)),
+    [],
+    'no connection attempt beyond loopback',
+  )
+  t.notOk(
+    asked.some((h) => h.startsWith('metadata') || h === 'instance-data'),
+    'metadata names are refused without even being resolved',
+  )
 })
 
 t.test('a refusal names the range of a resolved name, not the address', async (t) => {
@@ -330,7 +340,10 @@ t.test('a refusal names the range of a resolved name, not the address', async (t
   refusedAt(t, r, 'intranet.test')
   t.match(r.body.detail, /intranet\.test:8080.*10\.0\.0\.0\/8.*egress\.allow/)
   t.notMatch(r.body.detail, /10\.1\.2\.3/)
-  t.ok(gw.logs.some((l) => l.includes('"address":"10.1.2.3"')), 'the log has the address')
+  t.ok(
+    gw.logs.some((l) => l.includes('"address":"10.1.2.3"')),
+    'the log has the address',
+  )
 })
 
 t.test('DNS rebinding: a connection goes to the address that was checked, and a new one is checked again', async (t) => {
@@ -359,7 +372,11 @@ t.test('DNS rebinding: a connection goes to the address that was checked, and a 
 })
 
 t.test('a name the resolver maps to IPv4-mapped loopback is loopback', async (t) => {
-  refusedAt(t, await gw.api('POST', '/v1/pay', { key: attacker.key, body: { agentId: 'attacker', endpoint: `http://mapped.test:${rpcPort}/`, method: 'POST', body: theft[0] } }), 'mapped.test on the RPC port')
+  refusedAt(
+    t,
+    await gw.api('POST', '/v1/pay', { key: attacker.key, body: { agentId: 'attacker', endpoint: `http://mapped.test:${rpcPort}/`, method: 'POST', body: theft[0] } }),
+    'mapped.test on the RPC port',
+  )
   await fundsUntouched(t)
 })
 
@@ -404,7 +421,7 @@ t.test('egress.allow opens a private range (the decision: no traffic leaves loop
   t.equal(open.status, 200, open.text)
 })
 
-t.test("a blockedDomains entry 127.0.0.1 also blocks [::ffff:127.0.0.1] and [::ffff:7f00:1]", async (t) => {
+t.test('a blockedDomains entry 127.0.0.1 also blocks [::ffff:127.0.0.1] and [::ffff:7f00:1]', async (t) => {
   const chain = await testChain(gw)
   const m = await startV2Merchant(await chain.merchantOptions(10_000n))
   t.teardown(() => m.close())

@@ -36,7 +36,10 @@ t.test('JSON nested 5,000 deep is 400 invalid_request on every route that reads 
     t.same([r.status, r.body?.error, r.body?.field], [400, 'invalid_request', 'body'], `${method} ${path}`)
     t.match(r.body?.detail, /deeper than \d+ levels/)
   }
-  t.notOk(gw.logs.some((l) => l.includes('"request failed"')), 'nothing logged as an internal error')
+  t.notOk(
+    gw.logs.some((l) => l.includes('"request failed"')),
+    'nothing logged as an internal error',
+  )
 })
 
 t.test('the depth limits: 64 for request bodies, 512 for the body POST /v1/pay sends on', async (t) => {
@@ -65,8 +68,7 @@ t.test('a target answer nested deeper than the limit comes back as text in data'
   t.equal(r.body?.data, deep)
 })
 
-const apiHead = (extra: string): string =>
-  `POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\n${extra}\r\n`
+const apiHead = (extra: string): string => `POST /v1/agents HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${gw.accountKey}\r\nContent-Type: application/json\r\n${extra}\r\n`
 
 t.test('a 2.5 MiB chunked body to the API: 413 payload_too_large with the error body, no reset', async (t) => {
   const r = await rawExchange(apiPort, [apiHead('Transfer-Encoding: chunked\r\n'), ...chunked(2.5 * 1024 * 1024)])
@@ -104,7 +106,11 @@ t.test('a 200 KiB header on the proxy port: 431 with X-Paygate-Error and the err
 
 t.test('a 200 KiB header inside a plain-HTTP CONNECT tunnel: 431 the same way', async (t) => {
   const auth = basic(agent.agentId, agent.apiKey)
-  const r = await rawExchange(proxyPort, [`CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\nProxy-Authorization: ${auth}\r\n\r\n`, `GET /x HTTP/1.1\r\nHost: 127.0.0.1:9\r\nX-Pad: ${pad}\r\n\r\n`], { pauseMs: 50 })
+  const r = await rawExchange(
+    proxyPort,
+    [`CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\nProxy-Authorization: ${auth}\r\n\r\n`, `GET /x HTTP/1.1\r\nHost: 127.0.0.1:9\r\nX-Pad: ${pad}\r\n\r\n`],
+    { pauseMs: 50 },
+  )
   t.equal(r.error, null, 'no TCP reset')
   const second = r.text.slice(r.text.indexOf('\r\n\r\n') + 4)
   t.match(second, /^HTTP\/1\.1 431 /)

@@ -31,7 +31,7 @@ t.test('each key has its own bucket within the account bucket', async (t) => {
   const clock = new ManualClock()
   const l = new ApiRateLimits(settings(), clock)
   const a = Array.from({ length: 60 }, () => tryAdmit(l, agent('a')))
-  t.equal(a.filter((r) => r === 'ok').length, 50, "the flooding key gets its own burst, no more")
+  t.equal(a.filter((r) => r === 'ok').length, 50, 'the flooding key gets its own burst, no more')
   t.match(a.at(-1), /rate limit of this key exceeded/)
   t.equal(tryAdmit(l, agent('b')), 'ok', 'another agent key is not touched by it')
   t.equal(tryAdmit(l, account('acct')), 'ok', 'nor is the account key')
@@ -100,8 +100,18 @@ t.test('an agent-key flood: the account key and another agent key keep working, 
   let flooding = true
   const [flood1, acct, agentB] = await Promise.all([
     flood(() => gw.api('GET', '/v1/policies/flooder', { key: flooder.apiKey }), 600, 10_000, 8).finally(() => (flooding = false)),
-    alongside(() => gw.api('GET', '/v1/agents?limit=1'), () => flooding, 20, 100),
-    alongside(() => gw.api('GET', '/v1/policies/other', { key: other.apiKey }), () => flooding, 20, 100),
+    alongside(
+      () => gw.api('GET', '/v1/agents?limit=1'),
+      () => flooding,
+      20,
+      100,
+    ),
+    alongside(
+      () => gw.api('GET', '/v1/policies/other', { key: other.apiKey }),
+      () => flooding,
+      20,
+      100,
+    ),
   ])
   t.ok(flood1.includes(429), `the flooding key got 429 (${flood1.filter((s) => s === 429).length} of ${flood1.length})`)
   t.ok(share429(acct) < 0.01, `account key: ${acct.filter((s) => s === 429).length} 429s of ${acct.length}`)
@@ -118,8 +128,18 @@ t.test('a flood of bad keys from one address: 429 for them, never for valid keys
   const bad = 'rp_agent_' + 'z'.repeat(40)
   const [refused, acct, agentB] = await Promise.all([
     flood(() => gw.api('GET', '/v1/policies/other', { key: bad }), 300, 10_000, 8).finally(() => (flooding = false)),
-    alongside(() => gw.api('GET', '/v1/agents?limit=1'), () => flooding, 20, 150),
-    alongside(() => gw.api('GET', '/v1/policies/other', { key: other.apiKey }), () => flooding, 20, 150),
+    alongside(
+      () => gw.api('GET', '/v1/agents?limit=1'),
+      () => flooding,
+      20,
+      150,
+    ),
+    alongside(
+      () => gw.api('GET', '/v1/policies/other', { key: other.apiKey }),
+      () => flooding,
+      20,
+      150,
+    ),
   ])
   t.ok(refused.includes(401) && refused.includes(429), 'bad keys: 401, then 429 once over the budget')
   t.same(new Set([...acct, ...agentB]), new Set([200]), 'valid keys from the same address are never limited by it')

@@ -29,8 +29,7 @@ async function agent(policy: object = { dailyBudget: { usdc: 0.02 } }): Promise<
   await gw.api('PUT', `/v1/policies/${id}`, { body: policy })
   return { id, key, wallet }
 }
-const txsOf = async (agentId: string): Promise<{ status: string; txHash: string | null; reason?: string }[]> =>
-  (await gw.api('GET', `/v1/transactions?agentId=${agentId}&limit=100`)).body.transactions
+const txsOf = async (agentId: string): Promise<{ status: string; txHash: string | null; reason?: string }[]> => (await gw.api('GET', `/v1/transactions?agentId=${agentId}&limit=100`)).body.transactions
 const usedToday = async (agentId: string): Promise<number> => (await gw.api('GET', `/v1/policies/${agentId}`)).body.dailyBudget.usedToday
 
 interface Auth {
@@ -82,15 +81,30 @@ async function lateSettler(t: Test, kind: 'x402' | 'mpp', answer: Answer, opts: 
       if (kind === 'mpp' && req.url === '/mpp/pay') {
         const b = JSON.parse(Buffer.concat(chunks).toString()) as { authorization: Auth }
         settle(b.authorization)
-        return void (answer === 'refuse' ? res.writeHead(409, { 'content-type': 'application/json' }).end('{"error":"declined"}') : res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}'))
+        return void (answer === 'refuse'
+          ? res.writeHead(409, { 'content-type': 'application/json' }).end('{"error":"declined"}')
+          : res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}'))
       }
       if (kind === 'x402') return challenge402(res, base + req.url)
       res.writeHead(402, { 'content-type': 'application/json' })
-      res.end(JSON.stringify({ protocol: 'mpp/1.0', amount: { value: (Number(amount) / 1e6).toFixed(6), currency: 'USDC' }, paymentMethods: ['tempo'], sessionSupported: false, paymentEndpoint: `${base}/mpp/pay`, payTo, network: `eip155:${info.chainId}`, token: info.token }))
+      res.end(
+        JSON.stringify({
+          protocol: 'mpp/1.0',
+          amount: { value: (Number(amount) / 1e6).toFixed(6), currency: 'USDC' },
+          paymentMethods: ['tempo'],
+          sessionSupported: false,
+          paymentEndpoint: `${base}/mpp/pay`,
+          payTo,
+          network: `eip155:${info.chainId}`,
+          token: info.token,
+        }),
+      )
     })
   })
   function challenge402(res: ServerResponse, url: string): void {
-    const accepts = [{ scheme: 'exact', network: `eip155:${info.chainId}`, amount, asset: info.token, payTo, maxTimeoutSeconds: opts.maxTimeoutSeconds ?? 60, extra: { name: 'USD Coin', version: '2' } }]
+    const accepts = [
+      { scheme: 'exact', network: `eip155:${info.chainId}`, amount, asset: info.token, payTo, maxTimeoutSeconds: opts.maxTimeoutSeconds ?? 60, extra: { name: 'USD Coin', version: '2' } },
+    ]
     const required = Buffer.from(JSON.stringify({ x402Version: 2, error: 'payment required', resource: { url }, accepts })).toString('base64')
     res.writeHead(402, { 'payment-required': required, 'content-type': 'application/json' }).end('{}')
   }
@@ -147,7 +161,10 @@ for (const [kind, path] of [
     await reconcile()
     const paid = (await txsOf(a.id)).filter((x) => x.status === 'paid')
     t.equal(paid.length, 2, 'both late settlements recorded as paid')
-    t.ok(paid.every((x) => /^0x[0-9a-f]{64}$/.test(x.txHash ?? '')), 'with their ledger records')
+    t.ok(
+      paid.every((x) => /^0x[0-9a-f]{64}$/.test(x.txHash ?? '')),
+      'with their ledger records',
+    )
     t.equal(await usedToday(a.id), 0.02, 'and counted in the budget')
     t.equal(await balanceOf(a.wallet), before - 2n * PRICE, 'exactly what moved on chain')
     t.equal(await balanceOf(target.payTo), 2n * PRICE)

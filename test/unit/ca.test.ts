@@ -313,7 +313,10 @@ t.test('bundle: the root certificates plus the Paygate CA', async (t) => {
   const blocks = bundle.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? []
   t.equal(blocks.length, rootCertificates.length + 1, `${rootCertificates.length} roots + the Paygate CA`)
   t.equal(`${blocks.at(-1)}\n`, ca.certPem, 'the Paygate CA is last')
-  t.ok(blocks.slice(0, -1).every((b, i) => b === rootCertificates[i]?.trim()), 'the roots in order')
+  t.ok(
+    blocks.slice(0, -1).every((b, i) => b === rootCertificates[i]?.trim()),
+    'the roots in order',
+  )
   t.ok(bundle.endsWith('\n'))
 
   // The bundle as a client's only trust store completes a handshake.

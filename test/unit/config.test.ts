@@ -11,7 +11,18 @@ t.test('env names and flags follow one rule', async (t) => {
   t.equal(envName('dataDir'), 'PAYGATE_DATA_DIR')
   t.equal(envName('upstream.caFile'), 'PAYGATE_UPSTREAM_CA_FILE')
   t.equal(flagName('api.rateLimit.perMinute'), '--api-rate-limit-per-minute')
-  const required = ['PAYGATE_DATA_DIR', 'PAYGATE_API_HOST', 'PAYGATE_API_PORT', 'PAYGATE_PROXY_HOST', 'PAYGATE_PROXY_PORT', 'PAYGATE_CERTS_DIR', 'PAYGATE_ACCOUNT_KEY', 'PAYGATE_MASTER_KEY', 'PAYGATE_CHAIN_RPC_URL', 'PAYGATE_UPSTREAM_CA_FILE']
+  const required = [
+    'PAYGATE_DATA_DIR',
+    'PAYGATE_API_HOST',
+    'PAYGATE_API_PORT',
+    'PAYGATE_PROXY_HOST',
+    'PAYGATE_PROXY_PORT',
+    'PAYGATE_CERTS_DIR',
+    'PAYGATE_ACCOUNT_KEY',
+    'PAYGATE_MASTER_KEY',
+    'PAYGATE_CHAIN_RPC_URL',
+    'PAYGATE_UPSTREAM_CA_FILE',
+  ]
   const names = KEYS.map((k) => envName(k.path))
   for (const n of required) t.ok(names.includes(n), n)
 })

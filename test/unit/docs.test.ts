@@ -14,7 +14,7 @@ t.test('docs/configuration.md documents every configuration key', async (t) => {
   }
 })
 
-t.test('the README shows the two commands and fits a newcomer\'s first ten minutes', async (t) => {
+t.test("the README shows the two commands and fits a newcomer's first ten minutes", async (t) => {
   t.match(readme, /npm ci && npm start/)
   t.match(readme, /npm test/)
   t.ok(readme.split('\n').length <= 200, 'at most 200 lines')

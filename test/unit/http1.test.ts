@@ -88,7 +88,8 @@ t.test('field lines: the one-pass scanner reads 5,000 generated heads as the spl
     const end = headEnd(b)
     const want = end === b.length ? referenceFields(text) : null
     const got = end === b.length ? parseRequestHead(b, end) : null
-    const same = want === null ? got === null : got !== null && JSON.stringify([got.raw, got.map]) === JSON.stringify([want.raw, want.map]) && got.names.every((n, k) => n === got.raw[2 * k]!.toLowerCase())
+    const same =
+      want === null ? got === null : got !== null && JSON.stringify([got.raw, got.map]) === JSON.stringify([want.raw, want.map]) && got.names.every((n, k) => n === got.raw[2 * k]!.toLowerCase())
     if (!same) {
       t.fail(`differs on ${JSON.stringify(text)}: ${JSON.stringify(got)} vs ${JSON.stringify(want)}`)
       break
@@ -147,7 +148,10 @@ t.test('body framing finds the end wherever the bytes are split', async (t) => {
   const chunked = Buffer.from('5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nTrailer: x\r\n\r\n')
   for (const r of framedAt({ kind: 'chunked' }, chunked, false)) t.equal(r.end, chunked.length)
   const decoded = framedAt({ kind: 'chunked' }, chunked, true)
-  t.ok(decoded.every((r) => r.end === chunked.length && r.decoded === 'hello, world'), 'decoded data is the chunks without framing, for every split')
+  t.ok(
+    decoded.every((r) => r.end === chunked.length && r.decoded === 'hello, world'),
+    'decoded data is the chunks without framing, for every split',
+  )
   const fixed = Buffer.from('0123456789')
   t.ok(framedAt({ kind: 'length', length: 10 }, fixed, false).every((r) => r.end === 10))
   const untilClose = new BodyFramer({ kind: 'close' })
@@ -162,7 +166,9 @@ t.test('body framing finds the end wherever the bytes are split', async (t) => {
 })
 
 t.test('relayed heads drop hop-by-hop fields and keep the body framing', async (t) => {
-  const h = res('HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nProxy-Authenticate: Basic\r\n\r\n')
+  const h = res(
+    'HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nProxy-Authenticate: Basic\r\n\r\n',
+  )
   t.equal(relayResponseHead(h, false), 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n')
   t.equal(relayResponseHead(res('HTTP/1.1 204 No Content\r\n\r\n'), true), 'HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n')
 })
@@ -192,7 +198,7 @@ t.test('simple absolute-form targets read exactly as new URL reads them', async 
     'http://-bad.com/',
     'https://example.com/',
   ]
-  const chars = 'aZ09.-/:?%2eE@\'_~!$&()*+,;=x'
+  const chars = "aZ09.-/:?%2eE@'_~!$&()*+,;=x"
   let seed = 7
   const rnd = (n: number): number => (seed = (seed * 1103515245 + 12345) % 2 ** 31) % n
   for (let i = 0; i < 3000; i++) {

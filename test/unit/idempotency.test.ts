@@ -91,18 +91,51 @@ t.test('idempotency keys: a run cut off by a crash is recovered from what it rec
   let ran = 0
   const asked: number[] = []
   await t.rejects(
-    idem.run('a', 'k', 'h', async () => ++ran, unreached, async (at) => {
-      asked.push(at)
-      throw new PaygateError('unavailable', 'still settling')
-    }),
+    idem.run(
+      'a',
+      'k',
+      'h',
+      async () => ++ran,
+      unreached,
+      async (at) => {
+        asked.push(at)
+        throw new PaygateError('unavailable', 'still settling')
+      },
+    ),
     { code: 'unavailable' },
     'still settling: retry later',
   )
-  t.equal(await idem.run('a', 'k', 'h', async () => ++ran, unreached, async () => 42), 42, 'recovered from the record')
-  t.equal(await idem.run('a', 'k', 'h', async () => ++ran, unreached, async () => 7), 42, 'and kept: later calls replay it')
+  t.equal(
+    await idem.run(
+      'a',
+      'k',
+      'h',
+      async () => ++ran,
+      unreached,
+      async () => 42,
+    ),
+    42,
+    'recovered from the record',
+  )
+  t.equal(
+    await idem.run(
+      'a',
+      'k',
+      'h',
+      async () => ++ran,
+      unreached,
+      async () => 7,
+    ),
+    42,
+    'and kept: later calls replay it',
+  )
   t.equal(ran, 0, 'the cut-off request never ran again')
   t.same(asked, [startedAt], 'recover is told when the cut-off run started')
-  await t.rejects(idem.run('a', 'k', 'other', async () => ++ran), { code: 'idempotency_conflict' }, 'the marker holds the key for its request')
+  await t.rejects(
+    idem.run('a', 'k', 'other', async () => ++ran),
+    { code: 'idempotency_conflict' },
+    'the marker holds the key for its request',
+  )
 
   // Another cut-off run, of which nothing went out: it runs again.
   const other = new Idempotency(store, clock, 60_000)
@@ -113,7 +146,18 @@ t.test('idempotency keys: a run cut off by a crash is recovered from what it rec
   })
   while (!hung) await new Promise((r) => setImmediate(r))
   const fresh = new Idempotency(store, clock, 60_000)
-  t.equal(await fresh.run('a', 'k2', 'h', async () => ++ran, unreached, async () => undefined), 1, 'recover found nothing: run again')
+  t.equal(
+    await fresh.run(
+      'a',
+      'k2',
+      'h',
+      async () => ++ran,
+      unreached,
+      async () => undefined,
+    ),
+    1,
+    'recover found nothing: run again',
+  )
   t.equal(await fresh.run('a', 'k2', 'h', async () => ++ran), 1, 'that result is kept')
 })
 

@@ -99,7 +99,7 @@ t.test('EIP-1559 bytes equal viem serializeTransaction, unsigned and signed', as
     const maxFeePerGas = pick([0n, 1n, MAX_UINT256, 50_000_000_000n, randomBig(256), randomBig(40)])
     const maxPriorityFeePerGas = maxFeePerGas === 0n ? 0n : pick([0n, 1n, maxFeePerGas, randomBig(256) % (maxFeePerGas + 1n)])
     const dataLen = pick([0, 1, 55, 56, 255, 256, 1000, 65_535, 65_536, randomInt(0, 600)])
-    const data = pick([() => hex(dataLen), () => (`0x${'7f'}` as Hex), () => (`0x${'80'}` as Hex), () => (`0x${'00'}` as Hex)])()
+    const data = pick([() => hex(dataLen), () => `0x${'7f'}` as Hex, () => `0x${'80'}` as Hex, () => `0x${'00'}` as Hex])()
     const tx = {
       type: 'eip1559' as const,
       chainId: pick([1, 127, 128, 31337, 8453, 2 ** 31 - 1, Number.MAX_SAFE_INTEGER, randomInt(1, 2 ** 40)]),
@@ -112,11 +112,18 @@ t.test('EIP-1559 bytes equal viem serializeTransaction, unsigned and signed', as
       data,
     }
     const fields: Eip1559Fields = { ...tx, nonce: BigInt(tx.nonce), to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.from(data.slice(2), 'hex') }
-    const rs = (): Hex => pick([() => hex(32), () => `0x${'00'.repeat(randomInt(1, 32))}${randomBytes(32).toString('hex')}`.slice(0, 66) as Hex, () => `0x${'00'.repeat(32)}` as Hex, () => `0x${'00'.repeat(31)}01` as Hex])()
+    const rs = (): Hex =>
+      pick([
+        () => hex(32),
+        () => `0x${'00'.repeat(randomInt(1, 32))}${randomBytes(32).toString('hex')}`.slice(0, 66) as Hex,
+        () => `0x${'00'.repeat(32)}` as Hex,
+        () => `0x${'00'.repeat(31)}01` as Hex,
+      ])()
     const sig = { r: rs(), s: rs(), yParity: pick([0, 1] as const) }
     const oursU = `0x${serializeEip1559(fields).toString('hex')}`
     const oursS = `0x${serializeEip1559(fields, { r: Buffer.from(sig.r.slice(2), 'hex'), s: Buffer.from(sig.s.slice(2), 'hex'), yParity: sig.yParity }).toString('hex')}`
-    if ((oursU !== serializeTransaction(tx) || oursS !== serializeTransaction(tx, sig)) && bad++ < 5) t.fail(`differs: ${JSON.stringify({ ...tx, data: data.slice(0, 80), sig }, (_, v) => (typeof v === 'bigint' ? `${v}n` : v))}`)
+    if ((oursU !== serializeTransaction(tx) || oursS !== serializeTransaction(tx, sig)) && bad++ < 5)
+      t.fail(`differs: ${JSON.stringify({ ...tx, data: data.slice(0, 80), sig }, (_, v) => (typeof v === 'bigint' ? `${v}n` : v))}`)
   }
   t.equal(bad, 0, '3,000 random transactions')
 })

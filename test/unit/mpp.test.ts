@@ -36,7 +36,17 @@ t.test('toBaseUnits: exact decimal conversion, never through floats', async (t) 
 t.test('detectMpp: the spec shape, extensions, and problems reported (not thrown)', async (t) => {
   const d = detectMpp(answer({ ...good, payTo: '0x' + 'ab'.repeat(20), network: 'eip155:31337', sessionTtlSeconds: 600 }), 'https://api.example.com/data?q=1')
   if (!d.present || !d.offer) throw new Error('expected an offer')
-  t.match(d.offer, { protocol: 'mpp', value: '0.25', currency: 'USD', amount: 250_000n, methods: ['tempo', 'stripe'], sessionSupported: true, paymentEndpoint: 'https://api.example.com/pay', network: 'eip155:31337', sessionTtlSeconds: 600 })
+  t.match(d.offer, {
+    protocol: 'mpp',
+    value: '0.25',
+    currency: 'USD',
+    amount: 250_000n,
+    methods: ['tempo', 'stripe'],
+    sessionSupported: true,
+    paymentEndpoint: 'https://api.example.com/pay',
+    network: 'eip155:31337',
+    sessionTtlSeconds: 600,
+  })
   t.equal(d.offer.payTo, getAddress('0x' + 'ab'.repeat(20)))
   t.same(detectMpp(answer({ x402Version: 1, accepts: [] }), 'https://a.example/'), { present: false }, 'x402 bodies are not MPP')
   t.same(detectMpp(answer('not json mpp/1.0'), 'https://a.example/'), { present: false })
@@ -65,8 +75,20 @@ t.test('railOf and chooseRail: stablecoin first, card only as a fallback with a 
   t.equal(railOf('acme', DEFAULT_METHOD_RAILS), null)
   t.equal(railOf('acme', { ...DEFAULT_METHOD_RAILS, acme: 'card' }), 'card', 'configurable')
   const offer = (methods: string[], extra: Partial<MppOffer> = {}): MppOffer => ({
-    protocol: 'mpp', shape: 'mpp/1.0', value: '1', currency: 'USD', amount: 1_000_000n, methods, sessionSupported: true,
-    paymentEndpoint: 'https://a.example/pay', payTo: null, network: null, token: null, sessionTtlSeconds: null, raw: {}, ...extra,
+    protocol: 'mpp',
+    shape: 'mpp/1.0',
+    value: '1',
+    currency: 'USD',
+    amount: 1_000_000n,
+    methods,
+    sessionSupported: true,
+    paymentEndpoint: 'https://a.example/pay',
+    payTo: null,
+    network: null,
+    token: null,
+    sessionTtlSeconds: null,
+    raw: {},
+    ...extra,
   })
   const card = new Set(['card'])
   const none = new Set<string>()

@@ -21,7 +21,10 @@ class FakeWriter {
   receiptCalls = 0
   blockCalls = 0
   readonly byHash = new Map<string, LedgerReceipt>()
-  constructor(private readonly blockOf: (nonce: number) => number, private readonly reverted = new Set<number>()) {}
+  constructor(
+    private readonly blockOf: (nonce: number) => number,
+    private readonly reverted = new Set<number>(),
+  ) {}
   async init(): Promise<bigint> {
     return 0n
   }
@@ -67,11 +70,27 @@ class FakeWriter {
 const log = { warn() {}, error() {}, info() {}, debug() {} } as unknown as Logger
 
 const recordOf = (i: number): TxRecord => ({
-  id: `tx_${String(i).padStart(4, '0')}`, agentId: 'a', status: 'paid', createdAt: 0, updatedAt: 0, endpoint: 'http://m/p', method: 'GET',
-  protocol: 'x402', amount: '1', txHash: null, parentTxHash: null, depth: 0,
+  id: `tx_${String(i).padStart(4, '0')}`,
+  agentId: 'a',
+  status: 'paid',
+  createdAt: 0,
+  updatedAt: 0,
+  endpoint: 'http://m/p',
+  method: 'GET',
+  protocol: 'x402',
+  amount: '1',
+  txHash: null,
+  parentTxHash: null,
+  depth: 0,
 })
 
-async function open(t: Test, writer: FakeWriter, dir = tempDir('paygate-outbox-'), maxHeld?: number, clock?: Clock): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
+async function open(
+  t: Test,
+  writer: FakeWriter,
+  dir = tempDir('paygate-outbox-'),
+  maxHeld?: number,
+  clock?: Clock,
+): Promise<{ outbox: Outbox; store: Store; transactions: Transactions; dir: string }> {
   const store = await Store.open(dir)
   const transactions = new Transactions(store)
   const outbox = new Outbox(store, transactions, writer as unknown as LedgerWriter, log, { pollMs: 10, ...(maxHeld !== undefined ? { maxHeld } : {}), ...(clock ? { clock } : {}) })
@@ -104,7 +123,7 @@ t.test('receipts of a shared block come in one call; records are confirmed with 
   const got = await run(t, writer, 10)
   t.same(
     got.map((r) => [r.ledger?.status, r.ledger?.blockNumber]),
-    [[ 'confirmed', 5 ], ...[1, 2, 3].map(() => ['confirmed', 6]), ['failed', 6], ['confirmed', 6], ['confirmed', 6], ...[7, 8, 9].map(() => ['confirmed', 7])],
+    [['confirmed', 5], ...[1, 2, 3].map(() => ['confirmed', 6]), ['failed', 6], ['confirmed', 6], ['confirmed', 6], ...[7, 8, 9].map(() => ['confirmed', 7])],
   )
   // block 5: one receipt; blocks 6 and 7: two receipts, then the block's receipts
   t.equal(writer.receiptCalls, 5)
@@ -115,7 +134,10 @@ t.test('a node without eth_getBlockReceipts: one receipt per record, same outcom
   const writer = new FakeWriter((n) => 10 + Math.floor(n / 4))
   writer.blockReceiptsSupported = false
   const got = await run(t, writer, 9)
-  t.same(got.map((r) => r.ledger?.blockNumber), [10, 10, 10, 10, 11, 11, 11, 11, 12])
+  t.same(
+    got.map((r) => r.ledger?.blockNumber),
+    [10, 10, 10, 10, 11, 11, 11, 11, 12],
+  )
   t.ok(got.every((r) => r.ledger?.status === 'confirmed'))
   t.equal(writer.receiptCalls, 9)
 })
@@ -128,9 +150,15 @@ t.test('a pass sends every waiting record in one call, in nonce order; what the 
   await record(o, 0, 10)
   writer.mined = true
   t.ok(await o.outbox.drain(10_000), 'every record confirmed')
-  t.same(writer.broadcasts, [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 9]])
+  t.same(writer.broadcasts, [
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+    [4, 5, 6, 7, 8, 9],
+  ])
   t.equal(o.outbox.pending(), 0)
-  t.same([...(await o.transactions.getMany(['tx_0000', 'tx_0009']))].map((r) => r?.ledger?.status), ['confirmed', 'confirmed'])
+  t.same(
+    [...(await o.transactions.getMany(['tx_0000', 'tx_0009']))].map((r) => r?.ledger?.status),
+    ['confirmed', 'confirmed'],
+  )
 })
 
 t.test('records stored before a restart are sent again and confirmed after it', async (t) => {
@@ -194,7 +222,14 @@ t.test('a record the node dropped (no receipt long after it was sent) is sent ag
   t.equal(writer.broadcasts.length, 1, 'no resend while the wait for a receipt is short')
   clock.offset += 60_000 // a minute without a receipt
   while (writer.broadcasts.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 20))
-  t.same(writer.broadcasts.slice(0, 2), [[0, 1, 2], [0, 1, 2]], 'no receipt after the wait: the same records again, in nonce order')
+  t.same(
+    writer.broadcasts.slice(0, 2),
+    [
+      [0, 1, 2],
+      [0, 1, 2],
+    ],
+    'no receipt after the wait: the same records again, in nonce order',
+  )
   writer.mined = true
   t.ok(await o.outbox.drain(5_000), 'then confirmed')
   t.ok(writer.feeRefreshes >= 2, 'each pass asks for fees (the writer refreshes them when due)')
@@ -222,14 +257,25 @@ t.test('a record signed ahead is stored with that signature when it gets the non
   await tick()
   t.equal(await put(2), hashOf(1n), 'the other record gets nonce 1, signed for itself')
   t.equal(await put(1), hashOf(2n), 'the record signed ahead gets nonce 2 and is signed again')
-  t.same(writer.signs.slice(1), [[entry(1).id, 1], [entry(2).id, 1], [entry(1).id, 2]])
+  t.same(writer.signs.slice(1), [
+    [entry(1).id, 1],
+    [entry(2).id, 1],
+    [entry(1).id, 2],
+  ])
 
   // The fees changed after the signature ahead: signed again under the new ones.
   o.outbox.signAhead(entry(3))
   await tick()
   writer.fees = 'f2'
   t.equal(await put(3), hashOf(3n))
-  t.same(writer.signs.slice(4), [[entry(3).id, 3], [entry(3).id, 3]], 'signed ahead, then again under the new fees')
+  t.same(
+    writer.signs.slice(4),
+    [
+      [entry(3).id, 3],
+      [entry(3).id, 3],
+    ],
+    'signed ahead, then again under the new fees',
+  )
 
   // Nothing is signed ahead while a record waits to be stored: its nonce is not settled yet.
   const waiting = put(4)
@@ -240,5 +286,9 @@ t.test('a record signed ahead is stored with that signature when it gets the non
 
   writer.mined = true
   t.ok(await o.outbox.drain(10_000), 'every record confirmed')
-  t.same(writer.broadcasts.flat().sort((a, b) => a - b), [0, 1, 2, 3, 4], 'consecutive nonces, each sent')
+  t.same(
+    writer.broadcasts.flat().sort((a, b) => a - b),
+    [0, 1, 2, 3, 4],
+    'consecutive nonces, each sent',
+  )
 })

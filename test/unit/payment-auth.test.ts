@@ -34,13 +34,20 @@ t.test('detectPaymentAuth: several offers in one header; unsupported, foreign an
   ].join(', ')
   const d = detectPaymentAuth(answer(header, 'Payment id="broken"'), chain, { nowMs: now, canCard: true })
   t.equal(d.present, true)
-  t.same(d.offers.map((o) => `${o.kind}:${o.amount}`), ['evm:250000', 'stripe:500000'])
+  t.same(
+    d.offers.map((o) => `${o.kind}:${o.amount}`),
+    ['evm:250000', 'stripe:500000'],
+  )
   t.match(d.skipped.join('\n'), /tempo\/charge is not supported/)
   t.match(d.skipped.join('\n'), /evm\/session is not supported/)
   t.match(d.skipped.join('\n'), /chainId 1 is not 31337/)
   t.match(d.skipped.join('\n'), /unreadable Payment challenge/)
   const noCard = detectPaymentAuth(answer(header), chain, { nowMs: now, canCard: false })
-  t.same(noCard.offers.map((o) => o.kind), ['evm'], 'stripe needs a card provider')
+  t.same(
+    noCard.offers.map((o) => o.kind),
+    ['evm'],
+    'stripe needs a card provider',
+  )
   t.equal(detectPaymentAuth({ status: 402, headers: { 'www-authenticate': 'Basic realm="x"' }, body: Buffer.alloc(0) }, chain, { nowMs: now, canCard: true }).present, false)
 })
 

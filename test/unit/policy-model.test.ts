@@ -6,14 +6,18 @@ import { PaygateError } from '../../src/errors/index.js'
 const base = defaultPolicy()
 
 t.test('valid updates merge, null removes', async (t) => {
-  let p = mergePolicy(base, {
-    dailyBudget: { usdc: 10 },
-    perCallLimit: { usdc: 0.05 },
-    allowedDomains: ['Example.com', 'api.other.io', 'example.com'],
-    blockedDomains: ['bad.example.com'],
-    rateLimit: { calls: 100, window: '1h' },
-    protocolPreference: 'x402',
-  }, 'a1')
+  let p = mergePolicy(
+    base,
+    {
+      dailyBudget: { usdc: 10 },
+      perCallLimit: { usdc: 0.05 },
+      allowedDomains: ['Example.com', 'api.other.io', 'example.com'],
+      blockedDomains: ['bad.example.com'],
+      rateLimit: { calls: 100, window: '1h' },
+      protocolPreference: 'x402',
+    },
+    'a1',
+  )
   t.equal(p.dailyBudget, '10000000')
   t.equal(p.perCallLimit, '50000')
   t.same(p.allowedDomains, ['example.com', 'api.other.io'], 'normalised and de-duplicated')
@@ -86,7 +90,16 @@ t.test('validation table names the field', async (t) => {
 t.test('view shows usage from stored payments', async (t) => {
   const now = Date.parse('2026-05-01T12:00:00Z')
   const p = mergePolicy(base, { dailyBudget: { usdc: 10 }, rateLimit: { calls: 5, window: '1m' } }, 'a1')
-  const usage = { periodStart: now - 2 * HOUR_MS, spent: '2500000', payments: [now - 2 * HOUR_MS, now - 30 * 60_000, now - 1000], perMinute: [[now - 2 * HOUR_MS, 1], [now - 30 * 60_000, 1], [now - 60_000, 1]] as [number, number][] }
+  const usage = {
+    periodStart: now - 2 * HOUR_MS,
+    spent: '2500000',
+    payments: [now - 2 * HOUR_MS, now - 30 * 60_000, now - 1000],
+    perMinute: [
+      [now - 2 * HOUR_MS, 1],
+      [now - 30 * 60_000, 1],
+      [now - 60_000, 1],
+    ] as [number, number][],
+  }
   const v = policyView('a1', p, usage, now) as any
   t.same(v.dailyBudget, { usdc: 10, usedToday: 2.5 })
   t.same(v.rateLimit, { calls: 5, window: '1m', usedThisHour: 2 })

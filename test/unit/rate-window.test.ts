@@ -97,7 +97,11 @@ t.test('24 h window with more payments than the timestamps kept (hour buckets), 
 })
 
 t.test('short windows slide: old payments stop counting', async (t) => {
-  const u = payAll(noLimit, emptyUsage(), Array.from({ length: 80 }, (_, i) => start + i * 100)) // 80 in 8 s
+  const u = payAll(
+    noLimit,
+    emptyUsage(),
+    Array.from({ length: 80 }, (_, i) => start + i * 100),
+  ) // 80 in 8 s
   const p = policy({ rateLimit: { calls: 10, window: '5m' } })
   t.equal(allowedNow(p, u, start + 4 * MIN).n, 0)
   t.equal(allowedNow(p, u, start + 5 * MIN + 7_899).n, 9, 'the last one is still in the window')
@@ -110,7 +114,15 @@ t.test('short windows slide: old payments stop counting', async (t) => {
 t.test('usage written before hour buckets and wider timestamp lists is still read', async (t) => {
   const now = start + 30 * MIN
   // No limit then: no timestamps, minute buckets only.
-  const old: UsageState = { periodStart: start, spent: '5', payments: [], perMinute: [[start, 3], [start + 10 * MIN, 2]] }
+  const old: UsageState = {
+    periodStart: start,
+    spent: '5',
+    payments: [],
+    perMinute: [
+      [start, 3],
+      [start + 10 * MIN, 2],
+    ],
+  }
   t.equal(paymentsWithin(old, now, HOUR_MS), 5)
   t.equal(decide(policy({ rateLimit: { calls: 5, window: '1h' } }), old, { host: 'x.com', amount: 1n }, now).ok, false)
   t.equal(decide(policy({ rateLimit: { calls: 6, window: '1h' } }), old, { host: 'x.com', amount: 1n }, now).ok, true)

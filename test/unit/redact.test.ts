@@ -17,15 +17,22 @@ t.test('urlSecrets lists every spelling a library may print, with what is shown 
   t.same(urlSecrets('http://127.0.0.1:8545'), [], 'nothing to hide')
   const url = 'https://user:longpassword@rpc.example.com/v2/KEY?x=1'
   const shown = 'https://rpc.example.com/[redacted]'
-  t.same(new Map(urlSecrets(url)), new Map([
-    [url, shown],
-    ['longpassword', '[redacted]'],
-    ['https://rpc.example.com/v2/KEY?x=1', shown],
-  ]))
-  t.same(urlSecrets('https://u:short@h.example/'), [
-    ['https://u:short@h.example/', 'https://h.example/[redacted]'],
-    ['https://h.example/', 'https://h.example/[redacted]'],
-  ], 'a short password is not hidden on its own (it would match ordinary text)')
+  t.same(
+    new Map(urlSecrets(url)),
+    new Map([
+      [url, shown],
+      ['longpassword', '[redacted]'],
+      ['https://rpc.example.com/v2/KEY?x=1', shown],
+    ]),
+  )
+  t.same(
+    urlSecrets('https://u:short@h.example/'),
+    [
+      ['https://u:short@h.example/', 'https://h.example/[redacted]'],
+      ['https://h.example/', 'https://h.example/[redacted]'],
+    ],
+    'a short password is not hidden on its own (it would match ordinary text)',
+  )
 })
 
 t.test('secretTexts: every configured secret and credential-bearing URL', async (t) => {
@@ -41,7 +48,10 @@ t.test('secretTexts: every configured secret and credential-bearing URL', async 
   t.equal(texts.get('a'.repeat(64)), '[redacted]')
   t.equal(texts.get('card-key-123'), '[redacted]')
   t.equal(texts.get('https://rpc.example.com/v3/PATHKEY'), 'https://rpc.example.com/[redacted]')
-  t.notOk([...texts.keys()].some((k) => k.startsWith('https://cards.example.com')), 'a bare URL is not hidden')
+  t.notOk(
+    [...texts.keys()].some((k) => k.startsWith('https://cards.example.com')),
+    'a bare URL is not hidden',
+  )
   t.same(secretTexts(loadConfig({}).config), [], 'the defaults hold no secret')
   const short = secretTexts(loadConfig({ env: { PAYGATE_MPP_CARD_PROVIDER_KEY: 'test' } }).config)
   t.same(short, [], 'a secret too short to tell from ordinary text is not scrubbed from every line')

@@ -14,9 +14,8 @@ t.test('native signatures are byte-identical to viem (RFC 6979)', async (t) => {
     const digest = keccak256(toHex(`message ${i}`))
     t.equal(fast.signDigest65(digest), await viemAccount.sign({ hash: digest }))
     const tx = { type: 'eip1559' as const, chainId: 31337, to: viemAccount.address, data: toHex(`data ${i}`), nonce: i, gas: 300_000n, maxFeePerGas: 50n * 10n ** 9n, maxPriorityFeePerGas: 1n }
-    const raw = signEip1559(
-      { ...tx, nonce: BigInt(tx.nonce), value: 0n, to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.from(tx.data.slice(2), 'hex') },
-      (payload) => fast.signDigestBytes(keccak256Bytes(payload)),
+    const raw = signEip1559({ ...tx, nonce: BigInt(tx.nonce), value: 0n, to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.from(tx.data.slice(2), 'hex') }, (payload) =>
+      fast.signDigestBytes(keccak256Bytes(payload)),
     )
     t.equal(`0x${raw.toString('hex')}`, await viemAccount.signTransaction(tx))
   }

@@ -15,15 +15,25 @@ t.test('transact: read-modify-writes of one key never interleave, and land in or
     return written
   })
   const written = await Promise.all(runs)
-  t.ok(written.every((w) => w.ok), 'every batch written')
+  t.ok(
+    written.every((w) => w.ok),
+    'every batch written',
+  )
   t.equal(await counters.get('c'), 50, 'no lost update')
-  t.same([...seen].sort((a, b) => a - b), Array.from({ length: 50 }, (_, i) => i + 1), 'each saw the one before it')
+  t.same(
+    [...seen].sort((a, b) => a - b),
+    Array.from({ length: 50 }, (_, i) => i + 1),
+    'each saw the one before it',
+  )
 })
 
 t.test('transact: a failing function writes nothing and frees the key', async (t) => {
   const { store } = await testStore(t)
   const c = store.collection<number>('counters')
-  await t.rejects(store.transact('k', async () => Promise.reject(new Error('no'))), /no/)
+  await t.rejects(
+    store.transact('k', async () => Promise.reject(new Error('no'))),
+    /no/,
+  )
   const { written } = await store.transact('k', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'k', value: 1 }], result: null }))
   t.ok((await written).ok)
   t.equal(await c.get('k'), 1)

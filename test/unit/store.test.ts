@@ -23,6 +23,9 @@ t.test('a batch that cannot be written fails alone; the batches grouped with it 
   const bad = store.batch([{ type: 'put', coll, key: 'b', value: 2n }])
   const ok2 = store.batch([{ type: 'put', coll, key: 'c', value: 3 }])
   const results = await Promise.allSettled([ok1, bad, ok2])
-  t.same(results.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled'])
+  t.same(
+    results.map((r) => r.status),
+    ['fulfilled', 'rejected', 'fulfilled'],
+  )
   t.same([await coll.get('a'), await coll.get('b'), await coll.get('c')], [1, undefined, 3])
 })

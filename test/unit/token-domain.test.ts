@@ -17,18 +17,21 @@ function stub(answers: Answers): { client: PublicClient; asked: string[] } {
   const asked: string[] = []
   const fnOf = new Map((['eip712Domain', 'name', 'version'] as const).map((fn) => [selectorOf(fn), fn]))
   const client = createPublicClient({
-    transport: custom({
-      async request({ method, params }: { method: string; params?: unknown }) {
-        if (method === 'eth_chainId') return `0x${CHAIN_ID.toString(16)}`
-        if (method !== 'eth_call') throw new Error(`unexpected ${method}`)
-        const data = ((params as [{ data?: Hex; input?: Hex }])[0].data ?? (params as [{ input: Hex }])[0].input).slice(0, 10)
-        const fn = fnOf.get(data as Hex)
-        asked.push(fn ?? data)
-        const answer = fn && answers[fn]
-        if (!answer) throw Object.assign(new Error('execution reverted'), { code: 3, data: '0x' })
-        return answer
+    transport: custom(
+      {
+        async request({ method, params }: { method: string; params?: unknown }) {
+          if (method === 'eth_chainId') return `0x${CHAIN_ID.toString(16)}`
+          if (method !== 'eth_call') throw new Error(`unexpected ${method}`)
+          const data = ((params as [{ data?: Hex; input?: Hex }])[0].data ?? (params as [{ input: Hex }])[0].input).slice(0, 10)
+          const fn = fnOf.get(data as Hex)
+          asked.push(fn ?? data)
+          const answer = fn && answers[fn]
+          if (!answer) throw Object.assign(new Error('execution reverted'), { code: 3, data: '0x' })
+          return answer
+        },
       },
-    }, { retryCount: 0 }),
+      { retryCount: 0 },
+    ),
   }) as PublicClient
   return { client, asked }
 }
@@ -49,7 +52,11 @@ t.test('a domain Paygate cannot sign over, or no answer at all, stops the start 
   const cases: [string, Answers, RegExp][] = [
     ['a salt in the domain', { eip712Domain: domain('0x1f', 'USDC', '2') }, /EIP-712 domain \(fields 0x1f.*cannot be signed/],
     ['another chain id', { eip712Domain: domain('0x0f', 'USDC', '2', 1n) }, /chainId 1,/],
-    ['another verifying contract', { eip712Domain: domain('0x0f', 'USDC', '2', BigInt(CHAIN_ID), '0x036CbD53842c5426634e7929541eC2318f3dCF7e') }, /verifyingContract 0x036CbD53842c5426634e7929541eC2318f3dCF7e/],
+    [
+      'another verifying contract',
+      { eip712Domain: domain('0x0f', 'USDC', '2', BigInt(CHAIN_ID), '0x036CbD53842c5426634e7929541eC2318f3dCF7e') },
+      /verifyingContract 0x036CbD53842c5426634e7929541eC2318f3dCF7e/,
+    ],
     ['name() but no version()', { name: str('name', 'USDC') }, /answers neither eip712Domain\(\) nor name\(\) and version\(\) on chain 84532/],
     ['nothing', {}, /answers neither eip712Domain\(\) nor name\(\) and version\(\)/],
   ]

@@ -47,7 +47,10 @@ t.test('batches acknowledged before a SIGKILL are replayed from the log at the n
   t.equal(store.recovered.torn, 0)
   const c = store.collection<{ i: number }>('things')
   const got = await c.getMany(Array.from({ length: 300 }, (_, i) => `k${i}`))
-  t.same(got, Array.from({ length: 300 }, (_, i) => ({ i })))
+  t.same(
+    got,
+    Array.from({ length: 300 }, (_, i) => ({ i })),
+  )
   t.equal(await c.get('gone'), undefined, 'a delete is replayed too')
   const listed: string[] = []
   for await (const k of c.keys()) listed.push(k)
@@ -111,7 +114,10 @@ t.test('range reads wait for LevelDB to hold every acknowledged batch', async (t
   t.ok(store.logged('!things!k099'), 'not yet in LevelDB when the range read starts')
   const seen: number[] = []
   for await (const [, v] of c.entries()) seen.push(v)
-  t.same(seen, Array.from({ length: 100 }, (_, i) => i))
+  t.same(
+    seen,
+    Array.from({ length: 100 }, (_, i) => i),
+  )
 })
 
 t.test('full log files are removed once LevelDB holds them; close removes the rest', async (t) => {

@@ -42,9 +42,7 @@ interface Official {
     paymentResponse: string
   }
 }
-const official = JSON.parse(
-  readFileSync(new URL('../fixtures/x402/official.json', import.meta.url), 'utf8'),
-) as Official
+const official = JSON.parse(readFileSync(new URL('../fixtures/x402/official.json', import.meta.url), 'utf8')) as Official
 
 const TOKEN = '0x5FbDB2315678afecb367f032d93F642f64180aa3' as const
 const PAY_TO = '0x8D7e4F309bB948ACE859CEEa2554a990Fd54B688' as const
@@ -173,7 +171,7 @@ t.test('our typed data reproduces what the official clients signed', async (t) =
   t.equal(r2, a2.from, 'v2 signature recovers to the payer')
 })
 
-t.test('our headers have the official clients\' structure', async (t) => {
+t.test("our headers have the official clients' structure", async (t) => {
   const account = privateKeyToAccount(generatePrivateKey())
   const now = 1_800_000_000
 
@@ -188,10 +186,7 @@ t.test('our headers have the official clients\' structure', async (t) => {
   t.same(ours2.accepted, theirs2.accepted, 'accepted is the raw entry, byte for byte')
   t.same(ours2.resource, theirs2.resource)
   t.same(Object.keys(ours2.payload as object), Object.keys(theirs2.payload as object))
-  t.same(
-    Object.keys((ours2.payload as { authorization: object }).authorization),
-    Object.keys((theirs2.payload as { authorization: object }).authorization),
-  )
+  t.same(Object.keys((ours2.payload as { authorization: object }).authorization), Object.keys((theirs2.payload as { authorization: object }).authorization))
   t.match(ours2, {
     x402Version: 2,
     payload: {
@@ -234,7 +229,7 @@ t.test('official settlement headers', async (t) => {
 
 // ---------------------------------------------------------------------------
 
-t.test('the spec\'s simple body', async (t) => {
+t.test("the spec's simple body", async (t) => {
   const body = { scheme: 'exact', network: 'base-mainnet', token: TOKEN, amount: '2500', payTo: PAY_TO, resource: 'https://api.shop.test/x' }
   const o = only(detectX402(answer(body)))
   t.match(o, { shape: 'spec-simple', network: 'base-mainnet', amount: 2500n, asset: TOKEN, payTo: PAY_TO, resource: body.resource, maxTimeoutSeconds: 60, extra: {} })
@@ -242,7 +237,7 @@ t.test('the spec\'s simple body', async (t) => {
   t.equal(isPayable(o, chainOf(31337, TOKEN, 'paygate-devnet')), false)
 })
 
-t.test('the spec\'s server-side accepts body', async (t) => {
+t.test("the spec's server-side accepts body", async (t) => {
   const entry = {
     scheme: 'exact',
     network: 'base-mainnet',
@@ -281,7 +276,15 @@ t.test('broken entries and headers never hide a good offer', async (t) => {
   t.match(d.offers[0], { amount: 42n, index: 3 })
   t.same(
     d.problems.map((p) => [p.shape, p.index]),
-    [['x402-v2', undefined], ['x402-v1', 0], ['x402-v1', 1], ['x402-v1', 2], ['x402-v1', 4], ['x402-v1', 5], ['x402-v1', 6]],
+    [
+      ['x402-v2', undefined],
+      ['x402-v1', 0],
+      ['x402-v1', 1],
+      ['x402-v1', 2],
+      ['x402-v1', 4],
+      ['x402-v1', 5],
+      ['x402-v1', 6],
+    ],
   )
   t.match(d.problems[1], { message: /maxAmountRequired/ })
   t.match(d.problems[2], { message: /payTo/ })
@@ -306,17 +309,26 @@ t.test('broken entries and headers never hide a good offer', async (t) => {
 
 t.test('several shapes in one answer are all read, v2 header first', async (t) => {
   const d = detectX402(
-    answer({ x402Version: 1, accepts: [v1Entry({ maxAmountRequired: '5' })] }, {
-      'payment-required': [b64(v2Required([v2Entry({ amount: '9' })]))],
-    }),
+    answer(
+      { x402Version: 1, accepts: [v1Entry({ maxAmountRequired: '5' })] },
+      {
+        'payment-required': [b64(v2Required([v2Entry({ amount: '9' })]))],
+      },
+    ),
   )
   t.same(
     d.offers.map((o) => [o.shape, o.amount]),
-    [['x402-v2', 9n], ['x402-v1', 5n]],
+    [
+      ['x402-v2', 9n],
+      ['x402-v1', 5n],
+    ],
   )
   // A v2 object in the body counts only when no v2 header was read.
   const body = v2Required([v2Entry({ amount: '3' })])
-  t.same(detectX402(answer(body)).offers.map((o) => [o.shape, o.amount]), [['x402-v2', 3n]])
+  t.same(
+    detectX402(answer(body)).offers.map((o) => [o.shape, o.amount]),
+    [['x402-v2', 3n]],
+  )
   t.same(detectX402(answer(body, { 'payment-required': b64(v2Required([v2Entry()])) })).offers.length, 1)
 })
 
@@ -338,15 +350,21 @@ t.test('readings are cached per header value and body, frozen, and never shared 
   t.throws(() => ((o as { amount: bigint }).amount = 1n), TypeError)
   t.throws(() => ((o.extra as { name?: string }).name = 'Y'), TypeError)
   t.throws(() => ((o.raw as { payTo: string }).payTo = OTHER), TypeError)
-  t.throws(() => (((o.envelope as { extensions: { k: { v: number } } }).extensions.k.v = 2)), TypeError)
+  t.throws(() => ((o.envelope as { extensions: { k: { v: number } } }).extensions.k.v = 2), TypeError)
   t.equal(detectX402(answer({}, { 'payment-required': header })).offers[1]?.amount, 8n)
 
   // Bodies too; a cached v2 body still yields to a v2 header.
   const body = v2Required([v2Entry({ amount: '3' })])
   const b1 = detectX402(answer(body))
   t.equal(detectX402(answer(body)).offers[0], b1.offers[0])
-  t.same(detectX402(answer(body, { 'payment-required': header })).offers.map((x) => x.amount), [7n, 8n])
-  t.same(detectX402(answer(body)).offers.map((x) => x.amount), [3n])
+  t.same(
+    detectX402(answer(body, { 'payment-required': header })).offers.map((x) => x.amount),
+    [7n, 8n],
+  )
+  t.same(
+    detectX402(answer(body)).offers.map((x) => x.amount),
+    [3n],
+  )
 
   // Problems are cached with their reading.
   const bad = detectX402(answer({ x402Version: 1, accepts: [v1Entry({ payTo: null })] }))
@@ -367,10 +385,7 @@ t.test('answers that are not x402', async (t) => {
     ['plain text', answer('payment required')],
     ['unrelated json', answer({ error: 'payment required', price: 1 })],
     ['json array', answer([1, 2])],
-    [
-      'mpp json',
-      answer({ protocol: 'mpp/1.0', amount: { value: '0.01', currency: 'USDC' }, paymentMethods: ['stablecoin'], sessionSupported: true, paymentEndpoint: 'https://shop.test/pay' }),
-    ],
+    ['mpp json', answer({ protocol: 'mpp/1.0', amount: { value: '0.01', currency: 'USDC' }, paymentMethods: ['stablecoin'], sessionSupported: true, paymentEndpoint: 'https://shop.test/pay' })],
     ['mpp auth header', { status: 402, headers: { 'www-authenticate': 'Payment id="1", method="evm"' }, body: Buffer.from('{"type":"about:blank"}') }],
   ]
   for (const [name, a] of cases) {
@@ -392,7 +407,10 @@ t.test('amounts are integers of base units within uint256', async (t) => {
     t.throws(() => parseAmount(bad, 'a'), PaygateError, `rejects ${JSON.stringify(bad)}`)
   }
   const d = detectX402(answer({ x402Version: 1, accepts: [v1Entry({ maxAmountRequired: (2n ** 256n).toString() }), v1Entry({ maxAmountRequired: max })] }))
-  t.same(d.offers.map((o) => o.index), [1])
+  t.same(
+    d.offers.map((o) => o.index),
+    [1],
+  )
 })
 
 t.test('payability', async (t) => {
@@ -533,12 +551,16 @@ t.test('payment headers round-trip for every shape', async (t) => {
     t.same(Object.keys(p.headers).sort(), ['x-payment', 'x-payment-signature'], o.shape)
     t.equal(p.headers['x-payment-signature'], p.signature)
     const decoded = decodeBase64Json(p.headers['x-payment'] ?? '')
-    t.match(decoded, {
-      scheme: 'exact',
-      network: 'base-mainnet',
-      payload: { from: account.address, to: PAY_TO, amount: '5', token: TOKEN, nonce, validAfter: '999400', validBefore: '1000060' },
-      signature: p.signature,
-    }, o.shape)
+    t.match(
+      decoded,
+      {
+        scheme: 'exact',
+        network: 'base-mainnet',
+        payload: { from: account.address, to: PAY_TO, amount: '5', token: TOKEN, nonce, validAfter: '999400', validBefore: '1000060' },
+        signature: p.signature,
+      },
+      o.shape,
+    )
     // ...and also readable as an x402 v1 payment.
     t.match(decoded, { x402Version: 1, payload: { signature: p.signature, authorization: { value: '5' } } })
   }
@@ -584,13 +606,38 @@ t.test('readSettlement never throws', async (t) => {
 
 t.test('typedDataDigest equals viem hashTypedData', async (t) => {
   const offer = {
-    protocol: 'x402', shape: 'x402-v2', scheme: 'exact', network: 'eip155:8453', asset: '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913', amount: 12345n,
-    payTo: '0x000000000000000000000000000000000000dEaD', resource: null, maxTimeoutSeconds: 60, extra: { name: 'USD Coin', version: '2' }, raw: {}, envelope: null, index: 0,
+    protocol: 'x402',
+    shape: 'x402-v2',
+    scheme: 'exact',
+    network: 'eip155:8453',
+    asset: '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913',
+    amount: 12345n,
+    payTo: '0x000000000000000000000000000000000000dEaD',
+    resource: null,
+    maxTimeoutSeconds: 60,
+    extra: { name: 'USD Coin', version: '2' },
+    raw: {},
+    envelope: null,
+    index: 0,
   } as const
-  for (const [chainId, nonceByte, value] of [[8453, '11', 1n], [31337, 'ab', 10n ** 30n], [84532, '00', 0n]] as const) {
-    const data = typedData(offer as never, {
-      from: '0x1111111111111111111111111111111111111111', to: offer.payTo, value, validAfter: 5n, validBefore: 1_900_000_000n, nonce: `0x${nonceByte.repeat(32)}`,
-    }, chainId, { name: 'USD Coin', version: '2' })
+  for (const [chainId, nonceByte, value] of [
+    [8453, '11', 1n],
+    [31337, 'ab', 10n ** 30n],
+    [84532, '00', 0n],
+  ] as const) {
+    const data = typedData(
+      offer as never,
+      {
+        from: '0x1111111111111111111111111111111111111111',
+        to: offer.payTo,
+        value,
+        validAfter: 5n,
+        validBefore: 1_900_000_000n,
+        nonce: `0x${nonceByte.repeat(32)}`,
+      },
+      chainId,
+      { name: 'USD Coin', version: '2' },
+    )
     t.equal(typedDataDigest(data), hashTypedData(data), `chain ${chainId}`)
   }
   // Randomized: domains (cached separators included), addresses, edge values, nonces.
@@ -613,11 +660,14 @@ t.test('typedDataDigest equals viem hashTypedData', async (t) => {
     if (typedDataDigest(data) !== hashTypedData(data)) bad++
   }
   t.equal(bad, 0, '300 random typed data')
-  const over = transferTypedData({ from: PAY_TO, to: PAY_TO, value: 2n ** 256n, validAfter: 0n, validBefore: 1n, nonce: `0x${'11'.repeat(32)}` }, { name: 'USD Coin', version: '2', chainId: 1, verifyingContract: TOKEN })
+  const over = transferTypedData(
+    { from: PAY_TO, to: PAY_TO, value: 2n ** 256n, validAfter: 0n, validBefore: 1n, nonce: `0x${'11'.repeat(32)}` },
+    { name: 'USD Coin', version: '2', chainId: 1, verifyingContract: TOKEN },
+  )
   t.throws(() => typedDataDigest(over), PaygateError, 'a value over uint256 is refused')
 })
 
-t.test('offers that name no domain are signed over the chain token\'s own domain (PayableChain.tokenDomain); extra still wins', async (t) => {
+t.test("offers that name no domain are signed over the chain token's own domain (PayableChain.tokenDomain); extra still wins", async (t) => {
   const key = generatePrivateKey()
   const account = privateKeyToAccount(key)
   const fast = new FastSigner(key)

@@ -140,7 +140,12 @@ function inflateEither(b: Buffer, o: { maxOutputLength: number }): Buffer {
 
 /** The body with its content coding undone (up to MAX_DATA_BYTES decoded); an unknown coding is left as it is. */
 function decoded(read: { data: Buffer } | DataError, coding: string | string[] | undefined): { data: Buffer } | DataError {
-  const decode = DECODERS[String(coding ?? '').trim().toLowerCase()]
+  const decode =
+    DECODERS[
+      String(coding ?? '')
+        .trim()
+        .toLowerCase()
+    ]
   if (!decode || 'error' in read) return read
   try {
     return { data: decode(read.data, { maxOutputLength: MAX_DATA_BYTES }) }
@@ -226,7 +231,14 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
         requireAgentAccess(ctx.identity, p.agentId)
         if (!p.idempotencyKey) return run(p)
         // run() raises nothing once a payment is made, so an unreadable 402 is not stored either.
-        return idem.run(p.agentId, p.idempotencyKey, requestDigest({ ...p, body: p.canonicalBody }), () => run(p), nothingSigned, (startedAt) => recover(p, startedAt))
+        return idem.run(
+          p.agentId,
+          p.idempotencyKey,
+          requestDigest({ ...p, body: p.canonicalBody }),
+          () => run(p),
+          nothingSigned,
+          (startedAt) => recover(p, startedAt),
+        )
       },
     },
   ]

@@ -1,16 +1,6 @@
 import { Readable } from 'node:stream'
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
-import {
-  acceptPayment,
-  challengeNonce,
-  credentialHeader,
-  detectPaymentAuth,
-  evmAuthorization,
-  evmPayload,
-  problemCode,
-  readReceipt,
-  type AuthOffer,
-} from '../../protocols/payment-auth.js'
+import { acceptPayment, challengeNonce, credentialHeader, detectPaymentAuth, evmAuthorization, evmPayload, problemCode, readReceipt, type AuthOffer } from '../../protocols/payment-auth.js'
 import type { HttpAnswer, PayableChain } from '../../protocols/types.js'
 import type { Clock } from '../../util/clock.js'
 import type { Rail } from '../rails.js'
@@ -20,7 +10,10 @@ import { eip3009Of, signChainTransfer } from './x402.js'
 
 const MAX_PROBLEM_BYTES = 64 * 1024
 
-const isProblem = (headers: UpstreamResponse['headers']): boolean => String(headers['content-type'] ?? '').toLowerCase().includes('problem+json')
+const isProblem = (headers: UpstreamResponse['headers']): boolean =>
+  String(headers['content-type'] ?? '')
+    .toLowerCase()
+    .includes('problem+json')
 const CARD_PROOF_MS = 10 * 60_000
 
 /**

@@ -88,10 +88,7 @@ export interface Plan {
  * but not payable here (`why`); or present and malformed (`malformed`: the body claims
  * the protocol but does not parse, or names an unsupported currency).
  */
-export type Detected =
-  | { present: false }
-  | { present: true; plan: Plan }
-  | { present: true; plan: null; why: string; malformed: boolean; expired?: boolean }
+export type Detected = { present: false } | { present: true; plan: Plan } | { present: true; plan: null; why: string; malformed: boolean; expired?: boolean }
 
 export interface ProtocolAdapter {
   readonly protocol: ProtocolName

@@ -52,10 +52,7 @@ export class X402Adapter implements ProtocolAdapter {
     if (!detection.recognized) return { present: false }
     const offer = choose(detection.offers, chain, req.url)
     if (!offer) {
-      const why =
-        detection.offers.length === 0
-          ? `no readable x402 offer (${detection.problems.map((p) => p.message).join('; ')})`
-          : 'no x402 offer on this chain and token for this origin'
+      const why = detection.offers.length === 0 ? `no readable x402 offer (${detection.problems.map((p) => p.message).join('; ')})` : 'no x402 offer on this chain and token for this origin'
       return { present: true, plan: null, why, malformed: false }
     }
     const chainKey = `${chain.chainId}\u0000${chain.networkName}\u0000${chain.token}\u0000${chain.tokenDomain.name}\u0000${chain.tokenDomain.version}`
