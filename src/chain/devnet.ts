@@ -543,8 +543,8 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     }
   } else {
     meta = { format: 1, engine: 'anvil', chainId: opts.chainId, genesisTime: Math.floor(Date.now() / 1000), hardfork: 'prague' }
-    fs.writeFileSync(metaFile + '.tmp', JSON.stringify(meta))
-    fs.renameSync(metaFile + '.tmp', metaFile)
+    fs.writeFileSync(`${metaFile}.tmp`, JSON.stringify(meta))
+    fs.renameSync(`${metaFile}.tmp`, metaFile)
   }
 
   // a stale anvil from a crashed run (its watchdog should have killed it)
@@ -719,7 +719,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     let fd = fs.openSync(journalPath(gen), 'a')
     /** A journal line for `entries` calls. */
     const append = (line: string, entries = 1): void => {
-      fs.writeSync(fd, line + '\n')
+      fs.writeSync(fd, `${line}\n`)
       tailEntries += entries
     }
 
@@ -792,7 +792,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       const state = (await raw('anvil_dumpState', [], 4 * ipcTimeoutMs)) as string
       const next = gen + 1
       // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
-      fs.writeFileSync(journalPath(next), [...pending.values()].map((l) => l + '\n').join(''))
+      fs.writeFileSync(journalPath(next), [...pending.values()].map((l) => `${l}\n`).join(''))
       fs.closeSync(fd)
       fd = fs.openSync(journalPath(next), 'a')
       gen = next

@@ -220,7 +220,7 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
               .map((x) => x.trim())
               .filter(Boolean)
           : null
-      if (!items || !items.every((x) => typeof x === 'string')) return [undefined, 'a list of CIDRs and host names (comma-separated in the environment)']
+      if (!items?.every((x) => typeof x === 'string')) return [undefined, 'a list of CIDRs and host names (comma-separated in the environment)']
       const bad = items.map((x: string) => spec.check?.(x) ?? null).filter((x) => x !== null)
       return bad.length ? [undefined, bad.join('; ')] : [items.map((x: string) => x.trim().toLowerCase()), null]
     }

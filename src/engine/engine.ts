@@ -216,7 +216,7 @@ export class PaymentEngine {
   /** A payment hangs only under the paying agent's own transactions: another agent's tree is not its to grow. */
   private async parentOf(hash: string, agentId: string): Promise<TxRecord> {
     const p = await this.d.transactions.find(hash)
-    if (!p || !p.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { field: 'parentTxHash' })
+    if (!p?.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { field: 'parentTxHash' })
     if (p.agentId !== agentId) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a transaction of agent ${agentId}`, { field: 'parentTxHash' })
     return p
   }

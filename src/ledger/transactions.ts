@@ -144,7 +144,7 @@ export class Transactions {
     else if (f.status) [coll, prefix] = [this.byStatus, `${f.status}\x00`]
     else [coll, prefix] = [this.records as unknown as Collection<string>, '']
     const ids: string[] = []
-    const lt = f.cursor ? prefix + f.cursor : prefix + '\xff'
+    const lt = f.cursor ? prefix + f.cursor : `${prefix}\xff`
     for await (const k of coll.keys({ gte: prefix, lt, reverse: true, limit: f.limit + 1 })) ids.push(k.slice(prefix.length))
     const more = ids.length > f.limit
     if (more) ids.pop()

@@ -57,7 +57,7 @@ export class Keystore {
       if (!ok) {
         throw new PaygateError(
           'invalid_config',
-          `the master key (${source === 'config' ? 'PAYGATE_MASTER_KEY' : file}) cannot decrypt the wallet keys stored in ${dataDir}; ` + 'use the master key they were encrypted with',
+          `the master key (${source === 'config' ? 'PAYGATE_MASTER_KEY' : file}) cannot decrypt the wallet keys stored in ${dataDir}; use the master key they were encrypted with`,
         )
       }
     }

@@ -110,10 +110,10 @@ t.test('health endpoints need no key', async (t) => {
 })
 
 t.test('PAYGATE_ACCOUNT_KEY is accepted while set', async (t) => {
-  const envKey = 'rp_live_' + 'K'.repeat(40)
+  const envKey = `rp_live_${'K'.repeat(40)}`
   const g2 = await startTestGateway({ env: { PAYGATE_ACCOUNT_KEY: envKey } })
   t.teardown(() => g2.close())
   t.equal((await g2.api('GET', '/v1/agents', { key: envKey })).status, 200)
-  t.equal((await g2.api('GET', '/v1/agents', { key: 'rp_live_' + 'L'.repeat(40) })).status, 401)
+  t.equal((await g2.api('GET', '/v1/agents', { key: `rp_live_${'L'.repeat(40)}` })).status, 401)
   t.equal((await g2.api('GET', '/v1/agents')).status, 200, 'the bootstrap key file works too')
 })

@@ -136,5 +136,5 @@ t.test('over the configured rate: 429 rate_limited with retryAfter and Retry-Aft
   t.ok(limited[0]!.body.retryAfter >= 1)
   t.equal(limited[0]!.headers.get('retry-after'), String(limited[0]!.body.retryAfter))
   t.equal((await g.api('GET', '/healthz', { key: null })).status, 200, 'health is never limited')
-  t.equal((await g.api('GET', '/v1/agents', { key: 'rp_live_' + 'z'.repeat(40) })).status, 401, 'bad keys are refused before the limiter')
+  t.equal((await g.api('GET', '/v1/agents', { key: `rp_live_${'z'.repeat(40)}` })).status, 401, 'bad keys are refused before the limiter')
 })

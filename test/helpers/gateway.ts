@@ -103,7 +103,7 @@ export async function startTestGateway(
       }
       const res = await fetch(url + path, { method, headers, ...(body !== undefined ? { body } : {}) })
       const text = await res.text()
-      let parsed: unknown = undefined
+      let parsed: unknown
       try {
         parsed = text ? JSON.parse(text) : undefined
       } catch {

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { type Hex } from 'viem'
+import type { Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { ProxyAgent, request } from 'undici'
 import { startTestGateway, testChain } from '../helpers/gateway.js'

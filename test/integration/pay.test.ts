@@ -1,5 +1,5 @@
 import t from 'tap'
-import { type Hex } from 'viem'
+import type { Hex } from 'viem'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'

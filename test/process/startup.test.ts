@@ -54,7 +54,7 @@ t.test('a port already in use stops the start with a message', async (t) => {
 
 t.test('start prints where everything is; no secret ever reaches the logs', async (t) => {
   const dataDir = testDir(t)
-  const envKey = 'rp_live_' + 'E'.repeat(40)
+  const envKey = `rp_live_${'E'.repeat(40)}`
   const masterKey = 'cd'.repeat(32)
   const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_ACCOUNT_KEY: envKey, PAYGATE_MASTER_KEY: masterKey, PAYGATE_LOG_LEVEL: 'trace' })
   const started = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started')
@@ -69,7 +69,7 @@ t.test('start prints where everything is; no secret ever reaches the logs', asyn
   const ak = await call(gw.url, 'POST', '/v1/keys', acct)
   secrets.push(ak.body.apiKey)
   await call(gw.url, 'GET', '/v1/policies/quiet', a.body.apiKey)
-  await call(gw.url, 'GET', '/v1/agents', 'rp_live_' + 'W'.repeat(40))
+  await call(gw.url, 'GET', '/v1/agents', `rp_live_${'W'.repeat(40)}`)
   await call(gw.url, 'DELETE', `/v1/keys/${k.body.keyId}`, acct)
   await call(gw.url, 'GET', '/v1/policies/quiet', k.body.apiKey)
 

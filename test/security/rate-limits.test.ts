@@ -125,7 +125,7 @@ t.test('an agent-key flood: the account key and another agent key keep working, 
 t.test('a flood of bad keys from one address: 429 for them, never for valid keys', async (t) => {
   const { gw, other } = await floodGateway(t, { PAYGATE_API_RATE_LIMIT_UNAUTHENTICATED_PER_MINUTE: '60', PAYGATE_API_RATE_LIMIT_UNAUTHENTICATED_BURST: '20' })
   let flooding = true
-  const bad = 'rp_agent_' + 'z'.repeat(40)
+  const bad = `rp_agent_${'z'.repeat(40)}`
   const [refused, acct, agentB] = await Promise.all([
     flood(() => gw.api('GET', '/v1/policies/other', { key: bad }), 300, 10_000, 8).finally(() => (flooding = false)),
     alongside(

@@ -95,9 +95,9 @@ t.test('bad values stop the start naming key, value and what is allowed', async 
 
 t.test('valid secrets and optional keys', async (t) => {
   const { config } = loadConfig({
-    env: { PAYGATE_ACCOUNT_KEY: 'rp_live_' + 'a'.repeat(32), PAYGATE_MASTER_KEY: 'ab'.repeat(32), PAYGATE_CHAIN_RPC_URL: '' },
+    env: { PAYGATE_ACCOUNT_KEY: `rp_live_${'a'.repeat(32)}`, PAYGATE_MASTER_KEY: 'ab'.repeat(32), PAYGATE_CHAIN_RPC_URL: '' },
   })
-  t.equal(config.accountKey, 'rp_live_' + 'a'.repeat(32))
+  t.equal(config.accountKey, `rp_live_${'a'.repeat(32)}`)
   t.equal(config.chain.rpcUrl, null, 'empty means unset')
   const b64 = Buffer.alloc(32, 7).toString('base64')
   t.equal(loadConfig({ env: { PAYGATE_MASTER_KEY: b64 } }).config.masterKey, b64)
@@ -106,7 +106,7 @@ t.test('valid secrets and optional keys', async (t) => {
 t.test('a private key outside the secp256k1 range stops the start, naming the key, never its value', async (t) => {
   const n = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n
   const hex = (k: bigint): string => `0x${k.toString(16).padStart(64, '0')}`
-  for (const bad of ['0x' + 'f'.repeat(64), hex(0n), hex(n), hex(n + 1n)]) {
+  for (const bad of [`0x${'f'.repeat(64)}`, hex(0n), hex(n), hex(n + 1n)]) {
     try {
       loadConfig({ env: { PAYGATE_CHAIN_SIGNER_KEY: bad } })
       t.fail(`${bad} must be refused`)

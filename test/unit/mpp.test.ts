@@ -34,7 +34,7 @@ t.test('toBaseUnits: exact decimal conversion, never through floats', async (t) 
 })
 
 t.test('detectMpp: the spec shape, extensions, and problems reported (not thrown)', async (t) => {
-  const d = detectMpp(answer({ ...good, payTo: '0x' + 'ab'.repeat(20), network: 'eip155:31337', sessionTtlSeconds: 600 }), 'https://api.example.com/data?q=1')
+  const d = detectMpp(answer({ ...good, payTo: `0x${'ab'.repeat(20)}`, network: 'eip155:31337', sessionTtlSeconds: 600 }), 'https://api.example.com/data?q=1')
   if (!d.present || !d.offer) throw new Error('expected an offer')
   t.match(d.offer, {
     protocol: 'mpp',
@@ -47,7 +47,7 @@ t.test('detectMpp: the spec shape, extensions, and problems reported (not thrown
     network: 'eip155:31337',
     sessionTtlSeconds: 600,
   })
-  t.equal(d.offer.payTo, getAddress('0x' + 'ab'.repeat(20)))
+  t.equal(d.offer.payTo, getAddress(`0x${'ab'.repeat(20)}`))
   t.same(detectMpp(answer({ x402Version: 1, accepts: [] }), 'https://a.example/'), { present: false }, 'x402 bodies are not MPP')
   t.same(detectMpp(answer('not json mpp/1.0'), 'https://a.example/'), { present: false })
   t.same(detectMpp(answer(''), 'https://a.example/'), { present: false })
@@ -98,7 +98,7 @@ t.test('railOf and chooseRail: stablecoin first, card only as a fallback with a 
     [['stripe'], none, {}, null],
     [['tempo'], card, { network: 'eip155:1' }, null],
     [['tempo', 'card'], card, { network: 'eip155:1' }, 'card:card'],
-    [['tempo'], card, { token: getAddress('0x' + '11'.repeat(20)) }, null],
+    [['tempo'], card, { token: getAddress(`0x${'11'.repeat(20)}`) }, null],
     [['lightning'], new Set(['lightning']), {}, 'lightning:lightning'],
     [['lightning'], card, {}, null],
     [['bitcoin'], card, {}, null],

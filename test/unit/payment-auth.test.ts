@@ -5,7 +5,7 @@ import { detectPaymentAuth, evmAuthorization, problemCode, readReceipt, splitCha
 import type { PayableChain } from '../../src/protocols/types.js'
 
 const chain: PayableChain = { chainId: 31337, networkName: 'paygate-devnet', token: getAddress('0x5fbdb2315678afecb367f032d93f642f64180aa3'), tokenDomain: { name: 'USD Coin', version: '2' } }
-const recipient = getAddress('0x' + 'b7'.repeat(20))
+const recipient = getAddress(`0x${'b7'.repeat(20)}`)
 const now = Date.parse('2026-11-21T12:00:00Z')
 const future = new Date(now + 300_000).toISOString()
 const challenge = (method: string, intent: string, request: Record<string, unknown>, extra: Record<string, string> = {}) =>
@@ -62,7 +62,7 @@ t.test('evmAuthorization binds the nonce to the challenge and expires with it', 
   const d = detectPaymentAuth(answer(challenge('evm', 'charge', evmReq)), chain, { nowMs: now, canCard: false })
   const offer = d.offers[0]!
   if (offer.kind !== 'evm') throw new Error('expected evm')
-  const a = evmAuthorization(offer, getAddress('0x' + '11'.repeat(20)), now)
+  const a = evmAuthorization(offer, getAddress(`0x${'11'.repeat(20)}`), now)
   t.equal(a.nonce, keccak256(toHex('id-evm-chargeshop.test')))
   t.equal(a.validBefore, BigInt(Math.floor((now + 300_000) / 1000)))
   t.equal(a.value, 250_000n)

@@ -36,7 +36,7 @@ function allowedNow(p: StoredPolicy, u: UsageState, at: number, max = 10_000): {
 }
 
 t.test('payments made with no limit count once a limit is set (the audited case)', async (t) => {
-  let u = payAll(noLimit, emptyUsage(), [start, start + 1000, start + 2000])
+  const u = payAll(noLimit, emptyUsage(), [start, start + 1000, start + 2000])
   const limited = policy({ rateLimit: { calls: 3, window: '1h' } })
   const d = decide(limited, u, { host: 'x.com', amount: 1n }, start + 3000)
   t.same(d, { ok: false, reason: 'rate_limit_exceeded', detail: '3 payments in the last 1h reach the limit of 3' }, 'the 4th is rejected')
