@@ -30,7 +30,7 @@ import { reserve, type ReserveDeps } from './reserve.js'
 import type { MppSession } from './sessions.js'
 import { AheadSigner } from './sign-ahead.js'
 import type { FirstAnswer, PayOptions, PayOutcome, PayStart, Relayed } from './types.js'
-import { unreachable, type Upstream, type UpstreamResponse } from './upstream.js'
+import { unreachable, type Upstream, type UpstreamResponse } from '../upstream/upstream.js'
 
 export type { PayRequest } from './adapters/types.js'
 export { relayable } from './types.js'

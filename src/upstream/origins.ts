@@ -1,6 +1,6 @@
 import { connect as netConnect, isIP, type Socket } from 'node:net'
 import { connect as tlsConnect, type SecureContext } from 'node:tls'
-import { UpstreamError } from '../engine/upstream.js'
+import { UpstreamError } from './upstream.js'
 import type { PaygateError } from '../errors/index.js'
 import { isEgressDenied, type EgressGuard } from '../net/egress.js'
 import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, responseFraming, type Framing, type ResponseHead } from './http1.js'
