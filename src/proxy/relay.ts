@@ -1,7 +1,7 @@
 import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http'
 import { Readable } from 'node:stream'
 import { relayable, type FirstAnswer, type PayStart } from '../engine/engine.js'
-import type { UpstreamError } from '../upstream/upstream.js'
+import type { UpstreamError } from '../upstream/errors.js'
 import { PaygateError } from '../errors/index.js'
 import type { FastConn } from './fast.js'
 import { relayResponseHead, type Framing, type ResponseHead } from '../upstream/http1.js'
