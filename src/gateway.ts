@@ -23,7 +23,7 @@ import { CardRail, HttpCardProvider, type CardProvider, type Rail } from './engi
 import { MppSessions } from './engine/sessions.js'
 import { DEFAULT_METHOD_RAILS } from './protocols/mpp.js'
 import { Reconciler } from './engine/reconciler.js'
-import { Upstream } from './engine/upstream.js'
+import { Upstream } from './upstream/upstream.js'
 import { EgressGuard, type Resolver } from './net/egress.js'
 import { EventBus } from './events/bus.js'
 import { RecordHooks } from './ledger/record-hooks.js'

@@ -12,7 +12,7 @@ import { MAX_402_BODY } from './offers.js'
 import { resend, servedEnd, unservedEnd } from './outcome.js'
 import { ledgerEntryOf, type Recorder } from './record.js'
 import type { PayOutcome } from './types.js'
-import { readBody, type UpstreamResponse } from './upstream.js'
+import { readBody, type UpstreamResponse } from '../upstream/upstream.js'
 
 export const MAX_ATTEMPTS = 3
 /** An authorization this close to expiry is not resent. */

@@ -5,7 +5,8 @@ import type { ProtocolPreference } from '../policy/model.js'
 import type { HttpAnswer, PayableChain, ProtocolName } from '../protocols/types.js'
 import { collectUpTo, headThen } from '../util/collect.js'
 import type { Detected, PayRequest, Plan, ProtocolAdapter } from './adapters/types.js'
-import { bodyDeadline, unreachable, type UpstreamResponse } from './upstream.js'
+import { unreachable } from '../upstream/errors.js'
+import { bodyDeadline, type UpstreamResponse } from '../upstream/upstream.js'
 
 /** The stage that reads a 402 and picks what to pay: `read402`, then `detectAll`, then the pure `choosePlan`. */
 

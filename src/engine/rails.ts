@@ -1,6 +1,6 @@
-import { request } from 'undici'
 import { PaygateError } from '../errors/index.js'
 import type { RailName } from '../protocols/mpp.js'
+import { postJson } from '../upstream/post.js'
 
 /** What a rail is asked to authorize: one MPP payment, in the merchant's terms and in USDC base units. */
 export interface RailCharge {
@@ -80,21 +80,14 @@ export class HttpCardProvider implements CardProvider {
       merchant: charge.merchant,
       resource: charge.resource,
     })
-    let status: number
-    let json: unknown
+    const headers = { 'content-type': 'application/json', 'idempotency-key': charge.txId, ...(this.key ? { authorization: `Bearer ${this.key}` } : {}) }
+    let answer: { status: number; json: unknown }
     try {
-      const res = await request(this.url, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'idempotency-key': charge.txId, ...(this.key ? { authorization: `Bearer ${this.key}` } : {}) },
-        body,
-        headersTimeout: this.timeoutMs,
-        bodyTimeout: this.timeoutMs,
-      })
-      status = res.statusCode
-      json = await res.body.json().catch(() => null)
+      answer = await postJson(this.url, headers, body, this.timeoutMs)
     } catch (e) {
       throw new PaygateError('payment_failed', `the card provider could not be reached: ${(e as Error).message}`)
     }
+    const { status, json } = answer
     const token = (json as { token?: unknown } | null)?.token
     if (status < 200 || status > 299 || typeof token !== 'string' || token === '') {
       throw new PaygateError('payment_failed', `the card provider refused the charge (HTTP ${status})`)

@@ -14,7 +14,7 @@ import { outcome, type Result } from '../util/result.js'
 import type { Plan } from './adapters/types.js'
 import type { Balances } from './balances.js'
 import type { PayOutcome } from './types.js'
-import type { UpstreamResponse } from './upstream.js'
+import type { UpstreamResponse } from '../upstream/upstream.js'
 
 const BUDGET_WARNING_PCT = 80
 

@@ -4,7 +4,7 @@ import type { StoredPolicy } from '../policy/model.js'
 import type { ProtocolName, Settlement } from '../protocols/types.js'
 import type { PayRequest } from './adapters/types.js'
 import type { MppSession } from './sessions.js'
-import type { UpstreamResponse } from './upstream.js'
+import type { UpstreamResponse } from '../upstream/upstream.js'
 
 export type { PayRequest } from './adapters/types.js'
 

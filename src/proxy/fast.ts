@@ -1,6 +1,6 @@
 import type { Socket } from 'node:net'
-import type { Origin } from './origins.js'
-import { hasConnectionToken, headEnd, MAX_HEAD, parseRequestHead, type RequestHead } from './http1.js'
+import type { Origin } from '../upstream/origins.js'
+import { hasConnectionToken, headEnd, MAX_HEAD, parseRequestHead, type RequestHead } from '../upstream/http1.js'
 
 /** What the proxy does with one parsed request head on the fast path. */
 export interface FastHost {

@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http'
-import { connectionTokens, HOP_BY_HOP } from './http1.js'
+import { connectionTokens, HOP_BY_HOP } from '../upstream/http1.js'
 
 /**
  * Request headers for the target: no hop-by-hop fields, no `Host` (the client sets it

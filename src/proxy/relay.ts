@@ -1,11 +1,11 @@
 import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http'
 import { Readable } from 'node:stream'
 import { relayable, type FirstAnswer, type PayStart } from '../engine/engine.js'
-import type { UpstreamError } from '../engine/upstream.js'
+import type { UpstreamError } from '../upstream/errors.js'
 import { PaygateError } from '../errors/index.js'
 import type { FastConn } from './fast.js'
-import { relayResponseHead, type Framing, type ResponseHead } from './http1.js'
-import type { Exchange, ExchangeSink, Origin, OriginPool } from './origins.js'
+import { relayResponseHead, type Framing, type ResponseHead } from '../upstream/http1.js'
+import type { Exchange, ExchangeSink, Origin, OriginPool } from '../upstream/origins.js'
 
 /** What the first send on the fast path came to (`fallback`: a response it leaves alone; the engine asks again on its own client, the method being idempotent). */
 export type FirstSend = FirstAnswer

@@ -7,7 +7,7 @@ import { createServer as createTlsServer } from 'node:tls'
 import { promisify } from 'node:util'
 import { ProxyAgent, request } from 'undici'
 import { CertificateAuthority } from '../../src/proxy/ca.js'
-import { BodyFramer, headEnd, parseResponseHead, responseFraming } from '../../src/proxy/http1.js'
+import { BodyFramer, headEnd, parseResponseHead, responseFraming } from '../../src/upstream/http1.js'
 import { startTestGateway, tempDir, testChain } from '../helpers/gateway.js'
 import { startV2Merchant } from '../helpers/merchants.js'
 

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { BodyFramer, headEnd, parseRequestHead, parseResponseHead, relayResponseHead, responseFraming, simpleHttpTarget, type Framing } from '../../src/proxy/http1.js'
+import { BodyFramer, headEnd, parseRequestHead, parseResponseHead, relayResponseHead, responseFraming, simpleHttpTarget, type Framing } from '../../src/upstream/http1.js'
 
 const req = (text: string) => {
   const b = Buffer.from(text, 'latin1')

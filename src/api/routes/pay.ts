@@ -1,8 +1,8 @@
 import type { Readable } from 'node:stream'
-import { brotliDecompressSync, gunzipSync, inflateRawSync, inflateSync } from 'node:zlib'
 import type { PaymentEngine } from '../../engine/engine.js'
 import { canonicalJson, nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
+import { decodeContent } from '../../upstream/decode.js'
 import { collect } from '../../util/collect.js'
 import { jsonDepth } from '../../util/json-depth.js'
 import { usdc } from '../../util/money.js'
@@ -16,8 +16,6 @@ const METHODS = new Set(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIO
  * Paygate reads the answer itself to return it as `data`.
  */
 const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length', 'accept-encoding'])
-/** Content codings a target may use unasked, decoded before `data` is parsed. */
-const DECODERS: Readonly<Record<string, (b: Buffer, o: { maxOutputLength: number }) => Buffer>> = { gzip: gunzipSync, 'x-gzip': gunzipSync, deflate: inflateEither, br: brotliDecompressSync }
 /** Headers undici refuses to send (it throws before connecting); those it also refuses and that are hop-by-hop are STRIPPED. */
 const REFUSED = new Set(['expect'])
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
@@ -128,33 +126,14 @@ async function readData(body: Readable): Promise<{ data: Buffer } | DataError> {
   }
 }
 
-/** `deflate` is zlib-wrapped by the standard, but some servers send raw DEFLATE under that name. */
-function inflateEither(b: Buffer, o: { maxOutputLength: number }): Buffer {
-  try {
-    return inflateSync(b, o)
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'Z_DATA_ERROR') throw e
-    return inflateRawSync(b, o)
-  }
-}
-
-/** The body with its content coding undone (up to MAX_DATA_BYTES decoded); an unknown coding is left as it is. */
+/** The body with its content coding undone (a target may use one unasked), up to MAX_DATA_BYTES decoded; an unknown coding is left as it is. */
 function decoded(read: { data: Buffer } | DataError, coding: string | string[] | undefined): { data: Buffer } | DataError {
-  const decode =
-    DECODERS[
-      String(coding ?? '')
-        .trim()
-        .toLowerCase()
-    ]
-  if (!decode || 'error' in read) return read
-  try {
-    return { data: decode(read.data, { maxOutputLength: MAX_DATA_BYTES }) }
-  } catch (e) {
-    const tooLarge = (e as NodeJS.ErrnoException).code === 'ERR_BUFFER_TOO_LARGE'
-    return tooLarge
-      ? { error: 'upstream_body_too_large', detail: `the target's answer exceeds ${MAX_DATA_BYTES} bytes once decoded, the most POST /v1/pay returns` }
-      : { error: 'upstream_body_lost', detail: `the target's ${String(coding)} answer cannot be decoded: ${(e as Error).message}` }
-  }
+  if ('error' in read) return read
+  const out = decodeContent(read.data, coding, MAX_DATA_BYTES)
+  if ('data' in out) return out
+  return out.failure === 'too_large'
+    ? { error: 'upstream_body_too_large', detail: `the target's answer exceeds ${MAX_DATA_BYTES} bytes once decoded, the most POST /v1/pay returns` }
+    : { error: 'upstream_body_lost', detail: `the target's ${String(coding)} answer cannot be decoded: ${out.message}` }
 }
 
 /** The merchant's settlement as a pay answer shows it. */

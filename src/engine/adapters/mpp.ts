@@ -21,7 +21,7 @@ import { readSettlement } from '../../protocols/x402.js'
 import type { Clock } from '../../util/clock.js'
 import type { Rail } from '../rails.js'
 import type { MppSession, MppSessions } from '../sessions.js'
-import type { Upstream, UpstreamResponse } from '../upstream.js'
+import type { Upstream, UpstreamResponse } from '../../upstream/upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
 import { eip3009Of, newNonce, signChainTransfer } from './x402.js'
 

@@ -4,7 +4,7 @@ import { acceptPayment, challengeNonce, credentialHeader, detectPaymentAuth, evm
 import type { HttpAnswer, PayableChain } from '../../protocols/types.js'
 import type { Clock } from '../../util/clock.js'
 import type { Rail } from '../rails.js'
-import { readBody, type Upstream, type UpstreamResponse } from '../upstream.js'
+import { readBody, type Upstream, type UpstreamResponse } from '../../upstream/upstream.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter } from './types.js'
 import { eip3009Of, signChainTransfer } from './x402.js'
 
@@ -97,7 +97,7 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
         const [name, value] = isEip3009(auth)
           ? credentialHeader(c, evmPayload(eip3009Of(auth), auth.signature as `0x${string}`), `did:pkh:${network}:${auth.from}`)
           : credentialHeader(c, auth.wire as Record<string, unknown>)
-        let res
+        let res: UpstreamResponse
         try {
           // The agent's own Accept-Payment (kept in req.headers) wins over Paygate's list.
           res = await this.upstream.send({ url: req.url, method: req.method, headers: { 'accept-payment': this.acceptPayment, ...req.headers, [name]: value }, body: req.body })

@@ -1,7 +1,7 @@
 import type { ErrorCode } from '../../errors/index.js'
 import type { StoredAuthorization, TxRecord } from '../../ledger/transactions.js'
 import type { Address, Hex, HttpAnswer, PayableChain, ProtocolName, Settlement } from '../../protocols/types.js'
-import type { UpstreamResponse } from '../upstream.js'
+import type { UpstreamResponse } from '../../upstream/upstream.js'
 
 /** What the engine passes to an adapter about the request being paid for. */
 export interface PayRequest {

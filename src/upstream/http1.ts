@@ -104,6 +104,7 @@ export function parseRequestHead(buf: Buffer, end: number): RequestHead | null {
   if (a <= 0 || b <= a + 1 || first.slice(b + 1) !== 'HTTP/1.1') return null
   const method = first.slice(0, a)
   const target = first.slice(a + 1, b)
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: a request target may not hold control characters (RFC 9112 §3.2)
   if (!TOKEN.test(method) || /[\s\x00-\x1f\x7f]/.test(target)) return null
   const f = parseFields(text, from)
   return f && { method, target, size: end, raw: f.raw, names: f.names, map: f.map }

@@ -1,8 +1,8 @@
 import { connect as netConnect, isIP, type Socket } from 'node:net'
 import { connect as tlsConnect, type SecureContext } from 'node:tls'
-import { UpstreamError } from '../engine/upstream.js'
+import { UpstreamError, upstreamError } from './errors.js'
 import type { PaygateError } from '../errors/index.js'
-import { isEgressDenied, type EgressGuard } from '../net/egress.js'
+import type { EgressGuard } from '../net/egress.js'
 import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, responseFraming, type Framing, type ResponseHead } from './http1.js'
 
 /**
@@ -60,7 +60,7 @@ class OriginConn {
     if (!transient) socket.on('data', (d: Buffer) => this.onRead(d))
     // A timeout is never "stale": the target may be working on the request, so it is not sent again.
     socket.on('timeout', () => (this.exchange ? this.exchange.fail(new UpstreamError('timeout', 'upstream timed out'), false) : socket.destroy()))
-    socket.on('error', (e) => this.exchange?.fail(isEgressDenied(e) ? e : new UpstreamError('network', `upstream request failed: ${e.message}`)))
+    socket.on('error', (e) => this.exchange?.fail(upstreamError(e)))
     socket.on('close', () => {
       this.pool.forget(this)
       this.exchange?.closed()

@@ -4,8 +4,9 @@ import { createSecureContext, rootCertificates, type SecureContext } from 'node:
 import { Readable } from 'node:stream'
 import { Agent, buildConnector, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
-import { isEgressDenied, type EgressGuard } from '../net/egress.js'
+import type { EgressGuard } from '../net/egress.js'
 import { collect, type Deadline } from '../util/collect.js'
+import { UpstreamError, upstreamError } from './errors.js'
 
 /** undici lives here: pooled keep-alive upstream connections, no redirect following. */
 export interface UpstreamRequest {
@@ -22,25 +23,6 @@ export interface UpstreamResponse {
   status: number
   headers: Record<string, string | string[] | undefined>
   body: Readable
-}
-
-export class UpstreamError extends Error {
-  constructor(
-    readonly kind: 'timeout' | 'network',
-    message: string,
-  ) {
-    super(message)
-    this.name = 'UpstreamError'
-  }
-}
-
-const TIMEOUTS = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT'])
-
-function upstreamError(e: Error): Error {
-  // A refusal of the egress guard stays what it is: 403 egress_denied, nothing was sent.
-  if (isEgressDenied(e)) return e
-  const code = (e as { code?: string }).code ?? ''
-  return TIMEOUTS.has(code) ? new UpstreamError('timeout', `upstream timed out (${code})`) : new UpstreamError('network', `upstream request failed: ${e.message}`)
 }
 
 /** A response body fed by the dispatcher: reading resumes the upstream socket, destroying it early aborts the request. */
@@ -108,11 +90,6 @@ class Handler implements Dispatcher.DispatchHandler {
 }
 
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
-
-/** An unpaid send's failure as the agent's 502 (anything but a transport failure, an egress refusal too, is thrown as it is). */
-export function unreachable(e: unknown): never {
-  throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
-}
 
 /**
  * undici's connector behind the egress guard: the origin's name is resolved once and checked
