@@ -172,6 +172,9 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const walletStore = new Wallets(store, registry, keystore, clock)
     const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
     const transactions = new Transactions(store)
+    // Cost trees read an index by parent; a store from before it gets it built once.
+    const indexed = await transactions.indexParents(store.collection('meta'))
+    if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
     outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock })
     await outbox.start()
     const egress = new EgressGuard({ allow: config.egress.allow, deny: config.egress.deny, log, ...(opts.resolver ? { resolver: opts.resolver } : {}) })

@@ -90,6 +90,8 @@ export class Transactions {
   private readonly byStatus: Collection<string>
   private readonly byAgentStatus: Collection<string>
   private readonly byHash: Collection<string>
+  /** `<parentTxHash>\0<id>`: the children of a node, read without a scan (cost trees). */
+  private readonly byParent: Collection<string>
 
   constructor(private readonly store: Store) {
     this.records = store.collection('tx')
@@ -97,12 +99,14 @@ export class Transactions {
     this.byStatus = store.collection('txByStatus')
     this.byAgentStatus = store.collection('txByAgentStatus')
     this.byHash = store.collection('txByHash')
+    this.byParent = store.collection('txByParent')
   }
 
   /** Batch ops that write `next` (replacing `prev`) with its index entries. */
   ops(next: TxRecord, prev?: TxRecord): BatchOp[] {
     const ops: BatchOp[] = [{ type: 'put', coll: this.records, key: next.id, value: next }]
     if (!prev) ops.push({ type: 'put', coll: this.byAgent, key: `${next.agentId}\x00${next.id}`, value: '' })
+    if (!prev && next.parentTxHash) ops.push({ type: 'put', coll: this.byParent, key: `${next.parentTxHash.toLowerCase()}\x00${next.id}`, value: '' })
     if (prev && prev.status !== next.status) {
       ops.push({ type: 'del', coll: this.byStatus, key: `${prev.status}\x00${prev.id}` })
       ops.push({ type: 'del', coll: this.byAgentStatus, key: `${prev.agentId}\x00${prev.status}\x00${prev.id}` })
@@ -168,6 +172,35 @@ export class Transactions {
       if (!page.nextCursor) return undefined
       cursor = page.nextCursor
     }
+  }
+
+  /** The records hung under `txHash` (any status), oldest first. */
+  async children(txHash: string): Promise<TxRecord[]> {
+    const prefix = `${txHash.toLowerCase()}\x00`
+    const ids: string[] = []
+    for await (const k of this.byParent.keys({ gte: prefix, lt: `${txHash.toLowerCase()}\x01` })) ids.push(k.slice(prefix.length))
+    return (await this.getMany(ids)).filter((r): r is TxRecord => !!r)
+  }
+
+  /**
+   * Build the parent index for records written before it existed (once per store: a marker in
+   * `meta` says it is done). Returns how many entries it wrote.
+   */
+  async indexParents(meta: Collection<unknown>): Promise<number> {
+    if ((await meta.get('txByParent')) === 1) return 0
+    let n = 0
+    let ops: BatchOp[] = []
+    for await (const [id, r] of this.records.entries()) {
+      if (!r.parentTxHash) continue
+      ops.push({ type: 'put', coll: this.byParent, key: `${r.parentTxHash.toLowerCase()}\x00${id}`, value: '' })
+      n++
+      if (ops.length >= 1000) {
+        await this.store.batch(ops)
+        ops = []
+      }
+    }
+    await this.store.batch([...ops, { type: 'put', coll: meta, key: 'txByParent', value: 1 }])
+    return n
   }
 
   async *all(status: TxStatus): AsyncIterable<TxRecord> {

@@ -1,7 +1,14 @@
 import { PaygateError, invalid, notFound } from '../../errors/index.js'
 import { TX_STATUSES, txView, type Transactions, type TxStatus } from '../../ledger/transactions.js'
 import { intParam } from '../http.js'
+import { chainView, nodeOf, treeView } from '../../ledger/trees.js'
+import type { Identity } from '../../agents/registry.js'
 import { requireAgentAccess, type Route } from '../router.js'
+
+/** An agent key reads a chain or tree only if its agent is in it. */
+function requireInTree(identity: Identity | null, agents: Set<string>): void {
+  if (identity?.kind === 'agent' && !agents.has(identity.agentId)) throw new PaygateError('forbidden', 'an agent key may only read trees its own agent is in')
+}
 
 /** Transactions, newest first; agent keys see only their own agent. */
 export function transactionRoutes(transactions: Transactions): Route[] {
@@ -35,6 +42,26 @@ export function transactionRoutes(transactions: Transactions): Route[] {
         if (!r) throw notFound(`transaction ${ctx.params.id}`)
         requireAgentAccess(ctx.identity, r.agentId)
         return { status: 200, body: txView(r) }
+      },
+    },
+    {
+      method: 'GET',
+      path: '/v1/transactions/:id/chain',
+      access: 'agent',
+      async handler(ctx) {
+        const { agents, body } = await chainView(transactions, await nodeOf(transactions, ctx.params.id!))
+        requireInTree(ctx.identity, agents)
+        return { status: 200, body }
+      },
+    },
+    {
+      method: 'GET',
+      path: '/v1/transactions/:id/tree',
+      access: 'agent',
+      async handler(ctx) {
+        const { agents, body } = await treeView(transactions, await nodeOf(transactions, ctx.params.id!))
+        requireInTree(ctx.identity, agents)
+        return { status: 200, body }
       },
     },
   ]
