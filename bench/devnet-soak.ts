@@ -11,7 +11,7 @@ import * as os from 'node:os'
 import * as path from 'node:path'
 import { encodeFunctionData, keccak256, toHex, type Abi, type Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
-import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../src/chain/devnet.js'
+import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../src/chain/devnet/index.js'
 
 const artifacts = JSON.parse(fs.readFileSync(new URL('../src/chain/contracts/artifacts.json', import.meta.url), 'utf8')) as {
   PaymentLedger: { abi: Abi; bytecode: Hex }

@@ -29,7 +29,7 @@ import { shownUrl } from '../util/redact.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
-import { DevnetUnavailableError, startDevnet, type Devnet, type SendResult } from './devnet.js'
+import { DevnetUnavailableError, startDevnet, type Devnet, type SendResult } from './devnet/index.js'
 import { portTaken } from '../util/ports.js'
 
 export type Address = `0x${string}`

@@ -4,7 +4,7 @@
  */
 import t, { type Test } from 'tap'
 import { rmSync } from 'node:fs'
-import { DevnetUnavailableError, startDevnet, type Devnet, type DevnetOptions } from '../../src/chain/devnet.js'
+import { DevnetUnavailableError, startDevnet, type Devnet, type DevnetOptions } from '../../src/chain/devnet/index.js'
 import { alive, freeze } from '../helpers/freeze.js'
 import { tempDir } from '../helpers/gateway.js'
 

@@ -8,7 +8,7 @@ import { copyFileSync, mkdirSync, readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
-import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet.js'
+import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet/index.js'
 import { testDir } from '../helpers/gateway.js'
 
 const CHAIN_ID = 31337

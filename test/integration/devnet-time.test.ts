@@ -7,7 +7,7 @@ import t, { type Test } from 'tap'
 import { copyFileSync, mkdirSync, readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Hex } from 'viem'
-import { startDevnet, type Devnet } from '../../src/chain/devnet.js'
+import { startDevnet, type Devnet } from '../../src/chain/devnet/index.js'
 import { testDir } from '../helpers/gateway.js'
 
 const CHAIN_ID = 31337

@@ -5,7 +5,7 @@ import { createPublicClient, createWalletClient, getAddress, http, type Hex, typ
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { deployContracts, viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { startDevnet } from '../../src/chain/devnet.js'
+import { startDevnet } from '../../src/chain/devnet/index.js'
 import { PaygateError } from '../../src/errors/index.js'
 import { startTestGateway, tempDir, testDir } from '../helpers/gateway.js'
 import { startSpecMerchant } from '../helpers/merchants.js'

@@ -4,7 +4,7 @@ import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { lockFile } from '../../src/chain/dir-lock.js'
-import { startDevnet } from '../../src/chain/devnet.js'
+import { startDevnet } from '../../src/chain/devnet/index.js'
 import { testDir } from '../helpers/gateway.js'
 import { spawnGateway } from '../helpers/process.js'
 

@@ -1,0 +1,145 @@
+import * as fs from 'node:fs'
+import { journalPath, type SnapshotMeta, writeSnapshot } from './data-dir.js'
+import type { AnvilNode } from './node.js'
+import type { DevnetLog } from './types.js'
+
+/** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
+export const journalLine = (method: string, paramsJson: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}}`
+/** One line for a run of calls of one method (see sendRawTransactions), replayed pipelined. */
+export const journalRun = (method: string, paramsJson: string[]): string => `{"m":${JSON.stringify(method)},"ps":[${paramsJson.join(',')}]}`
+export const journalCall = (method: string, params: unknown[]): string => journalLine(method, JSON.stringify(params))
+
+/** The current journal: what a restart would replay after the newest snapshot. */
+export interface Tail {
+  /** calls in it */
+  entries: number
+  /** of those, the empty blocks mined only to bring chain time up to date */
+  fresh: number
+  /** estimated time to replay it (ms) */
+  costMs: number
+}
+
+/** Where the current generation stands after a start (what replaying its journals found). */
+export interface JournalStart {
+  gen: number
+  /** chain-time offset (s) relative to the wall clock */
+  offset: number
+  /** size of the newest snapshot (MB) */
+  stateMb: number
+  tail: Tail
+}
+
+export interface JournalOptions {
+  dir: string
+  restartBudgetMs: number
+  /** how long anvil may take to dump its state */
+  dumpTimeoutMs: number
+  log: DevnetLog
+}
+
+/**
+ * The current generation's journal, what replaying its tail would cost, and the snapshots that
+ * start the next generation. Every line is written with write(2) before the call is answered.
+ */
+export class Journal {
+  gen: number
+  /** desired chain-time offset (s) relative to the wall clock */
+  offset: number
+  tail: Tail
+  /** how long each of the last 50 snapshots held the chain */
+  readonly snapshotMs: number[] = []
+  private stateMb: number
+  private fd: number
+  // The chain is held only while anvil dumps; unpacking and writing the files happens after,
+  // while new calls already go to the next journal.
+  private commits: Promise<void> = Promise.resolve()
+
+  constructor(
+    private readonly opts: JournalOptions,
+    start: JournalStart,
+  ) {
+    this.gen = start.gen
+    this.offset = start.offset
+    this.stateMb = start.stateMb
+    this.tail = start.tail
+    this.fd = fs.openSync(journalPath(opts.dir, this.gen), 'a')
+  }
+
+  /** A journal line for `entries` calls. */
+  append(line: string, entries = 1): void {
+    fs.writeSync(this.fd, `${line}\n`)
+    this.tail.entries += entries
+  }
+
+  /** An empty block mined only for chain time: marked so, a tail of them alone is not worth a snapshot at close. */
+  appendFresh(timestamp: number): void {
+    this.append(`{"m":"evm_mine","p":[${timestamp}],"f":1}`)
+    this.tail.fresh++
+  }
+
+  /** Journals anvil's chain-time offset when it moved. */
+  async recordOffset(node: AnvilNode): Promise<void> {
+    const cur = Number(await node.raw('evm_increaseTime', [0]))
+    if (cur !== this.offset) {
+      this.offset = cur
+      this.append(JSON.stringify({ o: this.offset }))
+    }
+  }
+
+  /** Replaying more than this (ms) would take the restart past its budget. */
+  tailBudgetMs(): number {
+    return Math.max(1000, this.opts.restartBudgetMs - 6 * this.stateMb)
+  }
+
+  /** An idle snapshot is worth it when replaying the tail would cost at least half what the last snapshot cost. */
+  idleSnapshotWorthIt(): boolean {
+    return this.tail.costMs >= Math.max(100, (this.snapshotMs[this.snapshotMs.length - 1] ?? 0) / 2)
+  }
+
+  /** Whether close() should snapshot: a tail of blocks mined only for chain time replays in milliseconds. */
+  closeSnapshotWorthIt(): boolean {
+    return this.tail.entries > this.tail.fresh
+  }
+
+  /**
+   * Dumps anvil's state and starts the next generation; its files are written in the background.
+   * Run on the serial queue; `mine` mines the pending txs first (the dump holds no mempool).
+   */
+  async snapshot(node: AnvilNode, mine: () => Promise<unknown>): Promise<void> {
+    const t = performance.now()
+    if (node.pending.size) await mine()
+    await node.dropMined()
+    const state = (await node.raw('anvil_dumpState', [], this.opts.dumpTimeoutMs)) as string
+    const next = this.gen + 1
+    // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
+    fs.writeFileSync(journalPath(this.opts.dir, next), [...node.pending.values()].map((l) => `${l}\n`).join(''))
+    fs.closeSync(this.fd)
+    this.fd = fs.openSync(journalPath(this.opts.dir, next), 'a')
+    this.gen = next
+    this.tail = { entries: node.pending.size, fresh: 0, costMs: 0 }
+    const sm: SnapshotMeta = { offset: this.offset, blocks: node.blocks, at: new Date().toISOString() }
+    const ms = Math.round(performance.now() - t)
+    this.snapshotMs.push(ms)
+    if (this.snapshotMs.length > 50) this.snapshotMs.shift()
+    const tc = performance.now()
+    const log = this.opts.log
+    this.commits = this.commits
+      .then(async () => {
+        this.stateMb = await writeSnapshot(this.opts.dir, next, state, sm)
+      })
+      .then(
+        () => log('chain snapshot', { generation: next, blocks: sm.blocks, heldMs: ms, writeMs: Math.round(performance.now() - tc) }),
+        (e: unknown) => log('writing a chain snapshot failed (the journals still hold everything)', { generation: next, error: String(e) }, 'warn'),
+      )
+  }
+
+  /** Resolves when every snapshot taken so far is written (or failed). */
+  written(): Promise<void> {
+    return this.commits
+  }
+
+  close(): void {
+    fs.fsyncSync(this.fd)
+    fs.closeSync(this.fd)
+  }
+}

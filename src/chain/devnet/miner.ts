@@ -1,0 +1,167 @@
+import { type Journal, journalCall } from './journal.js'
+import type { AnvilNode } from './node.js'
+import type { DevnetLog } from './types.js'
+
+const MIN_BLOCK_GAP_MS = 10
+
+export interface MinerOptions {
+  blockTimeMs: number
+  idleSnapshotMs: number
+  freshBlockMs: number
+  log: DevnetLog
+}
+
+/**
+ * anvil runs with --no-mining: this mines the txs it acknowledged, takes snapshots when the chain
+ * is idle or the journal tail grows past its budget, and mines an empty block before a read that
+ * would otherwise see a stale chain time.
+ */
+export class Miner {
+  automine = true
+  /** moving average of an evm_mine (ms) */
+  mineMs = 3
+  /** last state-changing request received */
+  private lastWriteAt = Date.now()
+  private lastMineAt = 0
+  private lastBlockTxs = 0
+  private mineTimer: NodeJS.Timeout | undefined
+  private idleTimer: NodeJS.Timeout | undefined
+  private snapshotQueued = false
+  private freshening: Promise<void> | null = null
+  private lastFreshAt = 0
+
+  constructor(
+    private readonly node: AnvilNode,
+    private readonly journal: Journal,
+    private readonly opts: MinerOptions,
+  ) {}
+
+  /** Mines what a replay left pending and starts the idle snapshot check. */
+  start(): void {
+    if (this.node.pending.size) this.schedule()
+    this.idleTimer = setInterval(() => this.idleSnapshot(), 500)
+    this.idleTimer.unref()
+  }
+
+  /** No more timers (close, or anvil gone). */
+  stop(): void {
+    clearInterval(this.idleTimer)
+    if (this.mineTimer) clearTimeout(this.mineTimer)
+    this.mineTimer = undefined
+  }
+
+  noteWrite(): void {
+    this.lastWriteAt = Date.now()
+  }
+
+  /** A caller mined (evm_mine, anvil_mine): the next block keeps its distance from that one. */
+  noteMined(): void {
+    this.lastMineAt = Date.now()
+  }
+
+  setAutomine(on: boolean): void {
+    this.automine = on
+    if (on && this.node.pending.size) this.schedule()
+  }
+
+  /** Mines one block and journals it, on the serial queue. `fresh`: only to bring chain time up to date. */
+  async mine(fresh = false): Promise<number> {
+    const t = performance.now()
+    await this.node.raw('evm_mine')
+    const b = await this.node.afterMine()
+    if (fresh) this.journal.appendFresh(b.timestamp)
+    else this.journal.append(journalCall('evm_mine', [b.timestamp]))
+    const dt = performance.now() - t
+    this.mineMs = 0.7 * this.mineMs + 0.3 * dt
+    this.journal.tail.costMs += dt
+    this.lastMineAt = Date.now()
+    this.lastBlockTxs = b.txs
+    return b.txs
+  }
+
+  /** On the serial queue. */
+  snapshot(): Promise<void> {
+    return this.journal.snapshot(this.node, () => this.mine())
+  }
+
+  /** Snapshots when the tail (grown by writes without mining, e.g. automine off) is well past its budget. */
+  async snapshotIfLong(): Promise<void> {
+    if (this.journal.tail.costMs > this.journal.tailBudgetMs() * 1.5) await this.snapshot()
+  }
+
+  // After a block of 0-2 txs (a caller waiting for each receipt, or an idle chain) the next tx
+  // is mined after a short gap; after a bigger block (load) blocks come every blockTimeMs and
+  // hold all waiting txs: a block costs ~3 ms on a fresh chain but ~25-50 ms with 20k ledger
+  // records (anvil rebuilds the state root), so under load fewer, bigger blocks win.
+  schedule(): void {
+    const node = this.node
+    if (this.mineTimer || !this.automine || node.closed || node.dead) return
+    const { blockTimeMs } = this.opts
+    const gap = this.lastBlockTxs <= 2 ? Math.min(blockTimeMs, Math.max(MIN_BLOCK_GAP_MS, 2 * this.mineMs)) : blockTimeMs
+    this.mineTimer = setTimeout(
+      () => {
+        this.mineTimer = undefined
+        node
+          .serial(async () => {
+            if (node.closed || node.dead || !node.pending.size) return 0 // (a fresh block may have taken them)
+            const n = await this.mine()
+            if (this.journal.tail.costMs > this.journal.tailBudgetMs()) await this.snapshot()
+            return n
+          })
+          .then(
+            (n) => {
+              if (n > 0 && node.pending.size > 0) this.schedule()
+            },
+            (e: unknown) => this.opts.log('mining failed', { error: String(e) }, 'warn'),
+          )
+      },
+      Math.max(0, this.lastMineAt + gap - Date.now()),
+    )
+  }
+
+  private idleSnapshot(): void {
+    const idle = (): boolean => Date.now() - this.lastWriteAt >= this.opts.idleSnapshotMs
+    if (this.node.closed || this.snapshotQueued || !idle() || !this.journal.idleSnapshotWorthIt()) return
+    this.snapshotQueued = true
+    this.node
+      .serial(async () => {
+        if (idle()) await this.snapshot()
+      })
+      .catch((e: unknown) => this.opts.log('snapshot failed', { error: String(e) }, 'warn'))
+      .finally(() => {
+        this.snapshotQueued = false
+      })
+  }
+
+  // anvil runs a call against the newest block, whose timestamp stops while nothing is mined:
+  // after 10 idle minutes an EIP-3009 authorization signed with validAfter = now - 600 is "not
+  // yet valid" to every simulation. So such a read first mines an empty block when the newest
+  // one is stale. Checked from memory (free under load, when blocks are fresh); concurrent
+  // reads share one block; none is mined while nothing asks.
+  private stale(): boolean {
+    return Date.now() + this.journal.offset * 1000 - this.node.latestTs * 1000 > this.opts.freshBlockMs
+  }
+
+  /** Before a read at the newest block: a block at the current chain time, if it is due. */
+  async freshenForRead(): Promise<void> {
+    // (with automine off the caller mines: a block here would take its pending txs)
+    if (this.automine && !this.node.nextBlockTimeSet && this.stale() && Date.now() - this.lastFreshAt >= this.opts.freshBlockMs) await this.freshen()
+  }
+
+  private freshen(): Promise<void> {
+    const node = this.node
+    this.freshening ??= node
+      .serial(async () => {
+        if (node.closed || node.dead || node.nextBlockTimeSet || !this.stale()) return // a block came while this waited
+        this.lastFreshAt = Date.now()
+        await this.mine(true)
+        // still behind: the offset we hold is not anvil's (e.g. a block at a set timestamp moved it)
+        if (this.stale()) await this.journal.recordOffset(node)
+      })
+      .catch((e: unknown) => this.opts.log('mining a block for chain time failed', { error: String(e) }, 'warn'))
+      .finally(() => {
+        this.freshening = null
+      })
+    return this.freshening
+  }
+}

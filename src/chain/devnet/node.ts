@@ -1,0 +1,99 @@
+import type { IpcClient } from './ipc.js'
+import { type DevnetLog, DevnetUnavailableError } from './types.js'
+
+type Block = { number: string; timestamp: string; transactions: string[] }
+
+/**
+ * What this process knows of anvil's chain (the newest block, the txs it acknowledged but has not
+ * mined yet), the queue every state change goes through, and whether anvil can still answer.
+ */
+export class AnvilNode {
+  /** hash -> the journal line that sent it, for txs acknowledged but not yet mined */
+  readonly pending = new Map<string, string>()
+  blocks = 0
+  /** the newest block's timestamp (s) */
+  latestTs = 0
+  /** the caller set the next block's timestamp: no block for chain time may take it */
+  nextBlockTimeSet = false
+  /** anvil exited or stalled under us */
+  dead: DevnetUnavailableError | null = null
+  closed = false
+  private minedWaiters: Array<() => void> = []
+  private tail: Promise<unknown> = Promise.resolve()
+
+  constructor(
+    readonly ipc: IpcClient,
+    private readonly log: DevnetLog,
+  ) {}
+
+  /** A call whose error is thrown. */
+  async raw(method: string, params: unknown[] = [], ms?: number): Promise<unknown> {
+    const r = await this.ipc.call(method, JSON.stringify(params), ms)
+    if (r.error) throw Object.assign(new Error(`${method}: ${r.error.message}`), { code: r.error.code })
+    return r.result
+  }
+
+  /** Runs `fn` after everything queued before it: the one queue for what changes chain state. */
+  serial<T>(fn: () => Promise<T>): Promise<T> {
+    const p = this.tail.then(fn, fn).catch((e: unknown) => {
+      // A state change anvil left unanswered may still run when anvil wakes, unjournalled: the
+      // chain and its journal could differ from then on, so nothing more is sent to it.
+      if (e instanceof DevnetUnavailableError && e.timedOut && !this.dead) {
+        this.fail(new DevnetUnavailableError(`embedded chain: anvil stalled on a state change (${e.message}); restart Paygate`))
+        this.log('anvil stalled on a state change; the embedded chain refuses every call until Paygate restarts', { error: e.message }, 'error')
+      }
+      throw e
+    })
+    this.tail = p.catch(() => {})
+    return p
+  }
+
+  /** From now on every call fails with `e`. */
+  fail(e: DevnetUnavailableError): void {
+    this.dead = e
+    this.ipc.fail(e, true)
+  }
+
+  /** Forget pending txs that are mined (or gone), asking the node for each. */
+  async dropMined(): Promise<void> {
+    for (const h of [...this.pending.keys()]) {
+      const tx = (await this.raw('eth_getTransactionByHash', [h])) as { blockNumber?: string | null } | null
+      if (!tx || tx.blockNumber) this.pending.delete(h)
+    }
+  }
+
+  /** The newest block; what it mined is no longer pending. */
+  async latestMined(): Promise<Block> {
+    const b = (await this.raw('eth_getBlockByNumber', ['latest', false])) as Block
+    for (const h of b.transactions) this.pending.delete(h.toLowerCase())
+    this.latestTs = Number(b.timestamp)
+    return b
+  }
+
+  /** After anvil mined one block or more: catch up, and wake who waits for a block. */
+  async afterMine(): Promise<{ timestamp: number; txs: number }> {
+    const b = await this.latestMined()
+    const n = Number(b.number)
+    // several blocks (anvil_mine): the earlier blocks' txs are found by asking
+    if (n - this.blocks > 1) await this.dropMined()
+    this.blocks = n
+    this.nextBlockTimeSet = false
+    const w = this.minedWaiters
+    this.minedWaiters = []
+    for (const f of w) f()
+    return { timestamp: Number(b.timestamp), txs: b.transactions.length }
+  }
+
+  /** Resolves at the next block, or at `until` (ms since the epoch). */
+  nextBlock(until: number): Promise<void> {
+    return new Promise<void>((r) => {
+      this.minedWaiters.push(r)
+      setTimeout(r, Math.max(1, until - Date.now()))
+    })
+  }
+
+  /** Lets every waiter go (closing, or anvil gone). */
+  wakeAll(): void {
+    for (const f of this.minedWaiters) f()
+  }
+}

@@ -1,0 +1,98 @@
+import * as fs from 'node:fs'
+import { type Generations, journalPath } from './data-dir.js'
+import { type JournalStart, journalLine, type Tail } from './journal.js'
+import { MINES, SENDS, SET_NEXT_TIME } from './methods.js'
+import type { AnvilNode } from './node.js'
+import type { DevnetLog } from './types.js'
+
+type Entry = { o?: number; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1 }
+
+/** What a replay did, and where the journal it leaves stands. */
+export interface Restored {
+  journal: JournalStart
+  replayed: number
+  replayMs: number
+}
+
+/**
+ * Brings anvil (started from the base snapshot) to where the journals leave the chain: same tx
+ * hashes, blocks, block hashes and timestamps; then the chain-time offset they recorded.
+ */
+export async function restore(node: AnvilNode, dir: string, gens: Generations, log: DevnetLog): Promise<Restored> {
+  const t = performance.now()
+  const r = new Replay(node, log, gens)
+  for (const g of gens.journals) await r.journal(journalPath(dir, g), g)
+  if (r.failures) log('journal replay finished with failures', { failures: r.failures }, 'warn')
+  await node.dropMined()
+  const replayMs = performance.now() - t
+
+  // chain-time: explicit-timestamp mines during replay moved anvil's offset; put it back
+  const cur = Number(await node.raw('evm_increaseTime', [0]))
+  if (r.offset > cur) await node.raw('evm_increaseTime', [r.offset - cur])
+  else if (r.offset < cur) await node.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + r.offset]).catch(() => {})
+  node.blocks = Number((await node.latestMined()).number)
+  const journal: JournalStart = { gen: gens.gen, offset: r.offset, stateMb: gens.stateMb, tail: r.tail }
+  return { journal, replayed: r.replayed, replayMs }
+}
+
+class Replay {
+  offset: number
+  readonly tail: Tail = { entries: 0, fresh: 0, costMs: 0 }
+  replayed = 0
+  failures = 0
+
+  constructor(
+    private readonly node: AnvilNode,
+    private readonly log: DevnetLog,
+    gens: Generations,
+  ) {
+    this.offset = gens.offset
+  }
+
+  async journal(file: string, g: number): Promise<void> {
+    let text = fs.readFileSync(file, 'utf8')
+    const end = text.lastIndexOf('\n') + 1
+    if (end !== text.length) {
+      this.log('dropping a torn journal tail', { journal: g, bytes: text.length - end }, 'warn')
+      fs.truncateSync(file, Buffer.byteLength(text.slice(0, end)))
+      text = text.slice(0, end)
+    }
+    let pos = 0
+    while (pos < text.length) {
+      const nl = text.indexOf('\n', pos)
+      await this.line(text.slice(pos, nl))
+      pos = nl + 1
+    }
+  }
+
+  private async line(line: string): Promise<void> {
+    const node = this.node
+    const entry = JSON.parse(line) as Entry
+    if (entry.o !== undefined) {
+      this.tail.entries++
+      this.offset = entry.o
+      return
+    }
+    // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it
+    // came: pipelined, in one write. The rest, one call at a time, in journal order.
+    const m = entry.m!
+    if (SET_NEXT_TIME.test(m)) node.nextBlockTimeSet = true
+    else if (MINES.has(m)) node.nextBlockTimeSet = false
+    const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))
+    const t = performance.now()
+    const rs = entry.ps ? await node.ipc.callMany(m, calls) : [await node.ipc.call(m, calls[0]!)]
+    this.tail.costMs += performance.now() - t
+    this.tail.entries += calls.length
+    if (entry.f) this.tail.fresh++
+    this.replayed += calls.length
+    rs.forEach((r, i) => {
+      if (r.error) {
+        // e.g. a carried-over pending tx that the previous journal already sent
+        if (++this.failures <= 5) this.log('journal replay: call failed', { method: m, error: r.error.message }, 'warn')
+      } else if (SENDS.has(m) && typeof r.result === 'string') node.pending.set(r.result.toLowerCase(), entry.ps ? journalLine(m, calls[i]!) : line)
+    })
+    // What a block mined is no longer pending: one read per block here saves asking after
+    // every replayed tx below (that took longer than the replay itself).
+    if (m === 'evm_mine' && !rs[0]!.error) await node.latestMined()
+  }
+}

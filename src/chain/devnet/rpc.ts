@@ -1,0 +1,127 @@
+import { type Journal, journalCall, journalLine, journalRun } from './journal.js'
+import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
+import type { Miner } from './miner.js'
+import type { AnvilNode } from './node.js'
+import type { RpcRequest, RpcResponse, SendResult } from './types.js'
+
+/**
+ * The JSON-RPC front: reads go straight to anvil; every state change goes through the serial
+ * queue and is journalled before it is answered. Dev methods that would take the chain from
+ * under the journal (reset, dump/load, interval mining) are refused.
+ */
+export class RpcFront {
+  constructor(
+    private readonly node: AnvilNode,
+    private readonly journal: Journal,
+    private readonly miner: Miner,
+    private readonly blockTimeMs: number,
+  ) {}
+
+  async handle(req: RpcRequest): Promise<RpcResponse> {
+    const id = req?.id ?? null
+    if (!req || typeof req.method !== 'string') return rpcError(id, -32600, 'invalid request')
+    const method = req.method
+    const params: unknown[] = Array.isArray(req.params) ? req.params : req.params === undefined || req.params === null ? [] : [req.params]
+    const node = this.node
+    if (node.closed) return rpcError(id, -32000, 'embedded chain is closed')
+    if (node.dead) throw node.dead
+    if (REFUSED.has(method)) return rpcError(id, -32601, `${method} is not available on the Paygate embedded chain`)
+    if (AUTOMINE_QUERIES.has(method)) return { jsonrpc: '2.0', id, result: this.miner.automine }
+    if (AUTOMINE_SETTERS.has(method)) {
+      this.miner.setAutomine(params[0] === true)
+      return { jsonrpc: '2.0', id, result: null }
+    }
+    if (method === 'eth_getTransactionReceipt') await this.untilMined(params[0])
+    if (isReadOnly(method)) {
+      if (readsNewestBlock(method, params)) await this.miner.freshenForRead()
+      return reply(id, await node.ipc.call(method, JSON.stringify(params)))
+    }
+    this.miner.noteWrite()
+    return node.serial(() => this.write(id, method, params))
+  }
+
+  /** A tx we are about to mine: wait for its block instead of answering null. */
+  private async untilMined(hash: unknown): Promise<void> {
+    const node = this.node
+    const h = typeof hash === 'string' ? hash.toLowerCase() : ''
+    const until = Date.now() + 2 * this.blockTimeMs + 1000
+    while (node.pending.has(h) && this.miner.automine && !node.closed && !node.dead && Date.now() < until) await node.nextBlock(until)
+  }
+
+  /** A state change, on the serial queue. */
+  private async write(id: unknown, method: string, params: unknown[]): Promise<RpcResponse> {
+    const { node, journal } = this
+    if (node.closed) return rpcError(id, -32000, 'embedded chain is closed')
+    const t = performance.now()
+    const r = await node.ipc.call(method, JSON.stringify(params))
+    if (r.error) return reply(id, r)
+    if (MINES.has(method)) await this.mined(method, params)
+    else {
+      const line = journalCall(method, params)
+      journal.append(line)
+      if (SENDS.has(method) && typeof r.result === 'string') {
+        node.pending.set(r.result.toLowerCase(), line)
+        this.miner.schedule()
+      } else if (/time|revert/i.test(method)) {
+        if (SET_NEXT_TIME.test(method)) node.nextBlockTimeSet = true
+        await journal.recordOffset(node)
+        // a revert goes back to an older block
+        if (/revert/i.test(method)) node.latestTs = Number(((await node.raw('eth_getBlockByNumber', ['latest', false])) as { timestamp: string }).timestamp)
+      }
+    }
+    journal.tail.costMs += performance.now() - t
+    await this.miner.snapshotIfLong()
+    return reply(id, r)
+  }
+
+  /** After the caller's evm_mine / anvil_mine: journalled with the timestamps anvil gave the blocks. */
+  private async mined(method: string, params: unknown[]): Promise<void> {
+    const { node, journal } = this
+    const before = node.blocks
+    const b = await node.afterMine()
+    if (method === 'evm_mine') journal.append(journalCall('evm_mine', [b.timestamp]))
+    else {
+      const first = (await node.raw('eth_getBlockByNumber', [`0x${(before + 1).toString(16)}`, false])) as { timestamp: string }
+      journal.append(journalCall('evm_setNextBlockTimestamp', [Number(first.timestamp)]))
+      journal.append(journalCall(method, params))
+    }
+    await journal.recordOffset(node)
+    this.miner.noteMined()
+  }
+
+  sendRawTransactions(raws: string[]): Promise<SendResult[]> {
+    if (!raws.length) return Promise.resolve([])
+    this.miner.noteWrite()
+    const { node, journal } = this
+    return node.serial(async () => {
+      if (node.closed) throw new Error('embedded chain is closed')
+      if (node.dead) throw node.dead
+      const t = performance.now()
+      const params = raws.map((r) => JSON.stringify([r]))
+      const rs = await node.ipc.callMany('eth_sendRawTransaction', params)
+      const sent: string[] = []
+      const out = rs.map((r, i): SendResult => {
+        if (r.error || typeof r.result !== 'string') return { error: r.error ?? { code: -32603, message: 'no transaction hash' } }
+        sent.push(params[i]!)
+        // a tx carried into the next journal at a snapshot goes there as a line of its own
+        node.pending.set(r.result.toLowerCase(), journalLine('eth_sendRawTransaction', params[i]!))
+        return { hash: r.result }
+      })
+      if (sent.length) {
+        // one line for the run, so a replay can pipeline it too (the accepted ones, in order)
+        journal.append(journalRun('eth_sendRawTransaction', sent), sent.length)
+        this.miner.schedule()
+      }
+      journal.tail.costMs += performance.now() - t
+      await this.miner.snapshotIfLong()
+      return out
+    })
+  }
+
+  /** For viem's custom() transport in process: the result, or the error thrown. */
+  async request(a: { method: string; params?: unknown[] | object }): Promise<unknown> {
+    const r = await this.handle({ jsonrpc: '2.0', id: 1, method: a.method, params: a.params })
+    if (r.error) throw Object.assign(new Error(r.error.message), { code: r.error.code, data: r.error.data })
+    return r.result
+  }
+}
