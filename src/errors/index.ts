@@ -23,6 +23,14 @@ export const ERROR_STATUS = {
   payment_protocol_error: 502,
   payment_failed: 502,
   upstream_unreachable: 502,
+  /** A paid answer whose body broke off (or was lost to a restart): the payment stands. */
+  upstream_body_lost: 502,
+  /** A paid answer too large to keep for replays (or for `POST /v1/pay` to return). */
+  upstream_body_too_large: 502,
+  /** The target's answer to a paid retry was lost after the payment was sent. */
+  upstream_answer_lost: 502,
+  /** Only as `X-Paygate-Error` on a target's 402 left unpaid: the request body was too large to resend. */
+  request_body_too_large: 402,
   unavailable: 503,
 } as const
 
