@@ -111,8 +111,11 @@ const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
 
 /** An unpaid send's failure as the agent's 502 (anything but a transport failure, an egress refusal too, is thrown as it is). */
 export function unreachable(e: unknown): never {
-  throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
+  throw e instanceof UpstreamError ? unreachableError(e) : e
 }
+
+/** The agent's answer when the target could not be reached (502 `upstream_unreachable`). */
+export const unreachableError = (e: Error): PaygateError => new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`)
 
 /**
  * undici's connector behind the egress guard: the origin's name is resolved once and checked
