@@ -82,6 +82,13 @@ export const invalid = (field: string, detail: string): PaygateError => new Payg
 
 export const notFound = (what: string): PaygateError => new PaygateError('not_found', `${what} does not exist`)
 
+const isErrorCode = (c: string): c is ErrorCode => Object.hasOwn(ERROR_STATUS, c)
+
+/** An error rebuilt from a code read back from storage; a code no longer known becomes `internal_error`. */
+export function storedError(code: string, detail: string, extra: Record<string, unknown> = {}): PaygateError {
+  return isErrorCode(code) ? new PaygateError(code, detail, extra) : toPaygateError(undefined)
+}
+
 /** Wrap anything thrown into a PaygateError without leaking internals to the caller. */
 export function toPaygateError(e: unknown): PaygateError {
   if (isPaygateError(e)) return e

@@ -2,7 +2,7 @@ import { Readable } from 'node:stream'
 import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
 import { requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { errorRaw } from '../errors/http.js'
-import { type ErrorCode, PaygateError } from '../errors/index.js'
+import { PaygateError, storedError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
 import { collectUpTo, headThen } from '../util/collect.js'
 
@@ -34,7 +34,7 @@ const toOutcome = (s: Stored): PayOutcome => {
       : null,
     ...(s.session ? { session: { protocol: 'mpp' as const } } : {}),
   }
-  return s.unpaid ? { ...out, unpaid: new PaygateError(s.unpaid as ErrorCode, 'unpaid 402') } : out
+  return s.unpaid ? { ...out, unpaid: storedError(s.unpaid, 'unpaid 402') } : out
 }
 
 const paymentOf = (out: PayOutcome): Stored['payment'] =>
