@@ -1,7 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import type { FirstAnswer, PayRequest, PayStart } from '../engine/engine.js'
 import { answerOf, type RequestAccounting } from './accounting.js'
-import { notAbsolute, sendError } from './answers.js'
+import { notAbsolute, type Sink, sendError } from './answers.js'
 import type { ProxyContext } from './context.js'
 import type { FastConn } from './fast.js'
 import { forwardRequestHeaders } from './headers.js'
@@ -45,11 +45,12 @@ export class FastRequests {
   ) {}
 
   async serve(conn: FastConn, head: RequestHead): Promise<void> {
-    const t = await this.target(conn, head)
+    const found = this.target(conn, head)
+    const t = found instanceof Promise ? await found : found
     if (!t) return
     const { method } = head
     const sink = { conn, method }
-    await this.accounting.run(
+    return this.accounting.run(
       t.agentId,
       method,
       t.host,
@@ -70,32 +71,30 @@ export class FastRequests {
     )
   }
 
-  /** The agent and target of a request, or null once it is answered (407, a target the proxy does not serve). */
-  private async target(conn: FastConn, head: RequestHead): Promise<Target | null> {
+  /**
+   * The agent and target of a request, or null once it is answered (407, a target the proxy
+   * does not serve). Without an await while the tunnel or the credential is known: this runs per request.
+   */
+  private target(conn: FastConn, head: RequestHead): Target | null | Promise<Target | null> {
     const sink = { conn, method: head.method }
-    if (conn.tunnel) {
-      const t = conn.tunnel
+    const t = conn.tunnel
+    if (t) {
       const held = this.ctx.authorizeTunnel(t)
-      if (held !== true && !(await held)) {
-        // The key was revoked since CONNECT: the 407 a new connection would get, then the tunnel ends.
-        await this.ctx.deny(sink, true)
-        return null
-      }
-      return { agentId: t.agentId, url: t.origin + head.target, host: t.authority, dest: t.dest, path: head.target, origin: t.origin }
+      const inTunnel = (): Target => ({ agentId: t.agentId, url: t.origin + head.target, host: t.authority, dest: t.dest, path: head.target, origin: t.origin })
+      if (held === true) return inTunnel()
+      // The key was revoked since CONNECT: the 407 a new connection would get, then the tunnel ends.
+      return held.then((ok) => (ok ? inTunnel() : this.ctx.deny(sink, true).then(() => null)))
     }
     const headers = head.map as IncomingHttpHeaders
-    // Known answers (a refusal too) without an await; only a new credential is verified.
     const known = this.ctx.identity.known(headers)
-    const agentId = known !== undefined ? known : await this.ctx.identity.of(headers)
-    if (!agentId) {
-      await this.ctx.deny(sink)
-      return null
-    }
-    const target = httpTarget(head.target)
-    if (!target) {
-      await sendError(sink, notAbsolute('http://host/path'))
-      return null
-    }
+    if (known !== undefined) return this.absolute(known, sink, head.target)
+    return this.ctx.identity.of(headers).then((id) => this.absolute(id, sink, head.target))
+  }
+
+  private absolute(agentId: string | null, sink: Sink, requestTarget: string): Target | Promise<null> {
+    if (!agentId) return this.ctx.deny(sink).then(() => null)
+    const target = httpTarget(requestTarget)
+    if (!target) return sendError(sink, notAbsolute('http://host/path')).then(() => null)
     const dest = { https: false, host: target.hostname, port: target.port }
     return { agentId, url: target.href, host: target.authority, dest, path: target.path, origin: `http://${target.authority}` }
   }
