@@ -70,8 +70,6 @@ export function sendReply(res: ServerResponse, reply: Reply): void {
   res.end()
 }
 
-export const errorReply = (e: PaygateError): Reply => ({ status: e.status, body: e.toBody(), headers: e.headers })
-
 /** Parse an optional integer query parameter within bounds. */
 export function intParam(url: URL, name: string, dflt: number, min: number, max: number): number {
   const v = url.searchParams.get(name)

@@ -1,11 +1,11 @@
-import { STATUS_CODES, createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { unredacted, type Logger } from '../log/index.js'
 import type { Identity, Registry } from '../agents/registry.js'
 import { PaygateError, RequestTimeoutError, toPaygateError } from '../errors/index.js'
-import { parserRefusal } from '../errors/http-parser.js'
+import { closingAnswer, errorJson, parserRefusal } from '../errors/http.js'
 import { endLingering } from '../util/linger.js'
-import { errorReply, readJsonBody, sendReply } from './http.js'
+import { readJsonBody, sendReply } from './http.js'
 import type { ApiRateLimits } from './rate-limit.js'
 import type { Reply, Router } from './router.js'
 
@@ -42,15 +42,10 @@ function answerClientError(e: NodeJS.ErrnoException & { reason?: string }, socke
     return
   }
   const { status, error } = parserRefusal(e)
-  const body = JSON.stringify(error.toBody())
-  const head = [
-    `HTTP/1.1 ${status} ${STATUS_CODES[status]}`,
-    'content-type: application/json; charset=utf-8',
-    `content-length: ${Buffer.byteLength(body)}`,
-    'cache-control: no-store',
-    'connection: close',
-  ]
-  endLingering(socket, `${head.join('\r\n')}\r\n\r\n${body}`)
+  // The API's own error answer (as sendReply writes it), not the proxy's: no X-Paygate-Error.
+  const body = JSON.stringify(errorJson(error).body)
+  const headers = { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' }
+  endLingering(socket, closingAnswer(status, headers, body))
 }
 
 /**
@@ -131,7 +126,7 @@ export function createApiServer(deps: ApiDeps): Server {
     try {
       url = new URL(req.url ?? '/', 'http://api.local')
     } catch {
-      sendReply(res, errorReply(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
+      sendReply(res, errorJson(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
       return
     }
     const seen: { identity: Identity | null } = { identity: null }
@@ -143,7 +138,7 @@ export function createApiServer(deps: ApiDeps): Server {
           if (err.code === 'internal_error') log.error({ err: e, path: url.pathname }, 'request failed')
           else if (err.code === 'unavailable' && err.cause !== undefined) log.warn({ err, path: url.pathname }, 'request failed: a dependency is not answering')
           if (err.code === 'payload_too_large') res.setHeader('connection', 'close')
-          return errorReply(err)
+          return errorJson(err)
         },
       )
       .then((reply) => {

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto'
-import { PaygateError } from '../errors/index.js'
+import { PaygateError, storedError } from '../errors/index.js'
 import type { Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
 
@@ -106,7 +106,7 @@ export class Idempotency {
       if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
         if (stored.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey was used with a different request')
         if (!stored.pending) {
-          const err = storedError(stored.result)
+          const err = clientError(stored.result)
           if (err) throw err
           return stored.result as T
         }
@@ -162,7 +162,7 @@ export class Idempotency {
 }
 
 /** Rebuild a stored client error. */
-function storedError(s: unknown): PaygateError | null {
+function clientError(s: unknown): PaygateError | null {
   const e = (s as { error?: { code: string; detail: string; extra: Record<string, unknown> } }).error
-  return e ? new PaygateError(e.code as never, e.detail, e.extra) : null
+  return e ? storedError(e.code, e.detail, e.extra) : null
 }

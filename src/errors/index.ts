@@ -23,6 +23,14 @@ export const ERROR_STATUS = {
   payment_protocol_error: 502,
   payment_failed: 502,
   upstream_unreachable: 502,
+  /** A paid answer whose body broke off (or was lost to a restart): the payment stands. */
+  upstream_body_lost: 502,
+  /** A paid answer too large to keep for replays (or for `POST /v1/pay` to return). */
+  upstream_body_too_large: 502,
+  /** The target's answer to a paid retry was lost after the payment was sent. */
+  upstream_answer_lost: 502,
+  /** Only as `X-Paygate-Error` on a target's 402 left unpaid: the request body was too large to resend. */
+  request_body_too_large: 402,
   unavailable: 503,
 } as const
 
@@ -73,6 +81,13 @@ export const isPaygateError = (e: unknown): e is PaygateError => e instanceof Pa
 export const invalid = (field: string, detail: string): PaygateError => new PaygateError('invalid_request', detail, { field })
 
 export const notFound = (what: string): PaygateError => new PaygateError('not_found', `${what} does not exist`)
+
+const isErrorCode = (c: string): c is ErrorCode => Object.hasOwn(ERROR_STATUS, c)
+
+/** An error rebuilt from a code read back from storage; a code no longer known becomes `internal_error`. */
+export function storedError(code: string, detail: string, extra: Record<string, unknown> = {}): PaygateError {
+  return isErrorCode(code) ? new PaygateError(code, detail, extra) : toPaygateError(undefined)
+}
 
 /** Wrap anything thrown into a PaygateError without leaking internals to the caller. */
 export function toPaygateError(e: unknown): PaygateError {

@@ -1,7 +1,7 @@
 import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http'
 import { Readable } from 'node:stream'
 import { relayable, type FirstAnswer, type PayStart } from '../engine/engine.js'
-import type { UpstreamError } from '../upstream/errors.js'
+import { type UpstreamError, unreachableError } from '../upstream/errors.js'
 import { PaygateError } from '../errors/index.js'
 import type { FastConn } from './fast.js'
 import { relayResponseHead, type Framing, type ResponseHead } from '../upstream/http1.js'
@@ -138,7 +138,7 @@ class FirstSendSink implements ExchangeSink {
         }
       }
       // The egress guard's refusal (403 egress_denied) as it is.
-      return this.reject(e instanceof PaygateError ? e : new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`))
+      return this.reject(e instanceof PaygateError ? e : unreachableError(e))
     }
     if (this.mode === 'engine') return void this.body!.destroy(e)
     // Mid-relay: the agent has part of an answer, so only closing tells it something broke.

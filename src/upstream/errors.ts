@@ -21,7 +21,10 @@ export function upstreamError(e: Error): UpstreamError | PaygateError {
   return TIMEOUTS.has(code) ? new UpstreamError('timeout', `upstream timed out (${code})`) : new UpstreamError('network', `upstream request failed: ${e.message}`)
 }
 
+/** The agent's answer when the target could not be reached (502 `upstream_unreachable`). */
+export const unreachableError = (e: Error): PaygateError => new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`)
+
 /** An unpaid send's failure as the agent's 502 (anything but a transport failure, an egress refusal too, is thrown as it is). */
 export function unreachable(e: unknown): never {
-  throw e instanceof UpstreamError ? new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`) : e
+  throw e instanceof UpstreamError ? unreachableError(e) : e
 }
