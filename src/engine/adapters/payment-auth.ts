@@ -97,7 +97,7 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
         const [name, value] = isEip3009(auth)
           ? credentialHeader(c, evmPayload(eip3009Of(auth), auth.signature as `0x${string}`), `did:pkh:${network}:${auth.from}`)
           : credentialHeader(c, auth.wire as Record<string, unknown>)
-        let res
+        let res: UpstreamResponse
         try {
           // The agent's own Accept-Payment (kept in req.headers) wins over Paygate's list.
           res = await this.upstream.send({ url: req.url, method: req.method, headers: { 'accept-payment': this.acceptPayment, ...req.headers, [name]: value }, body: req.body })

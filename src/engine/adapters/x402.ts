@@ -1,7 +1,7 @@
 import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.js'
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../protocols/types.js'
 import { authorizationFor, authorizationJson, choose, detectX402, paymentHeaders, readSettlement, transferTypedData, typedData, typedDataDigest } from '../../protocols/x402.js'
-import type { Upstream } from '../upstream.js'
+import type { Upstream, UpstreamResponse } from '../upstream.js'
 import { randomHex } from '../../util/random.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './types.js'
 
@@ -85,7 +85,7 @@ export class X402Adapter implements ProtocolAdapter {
       async deliver(req: PayRequest, stored: StoredAuthorization): Promise<Delivery> {
         if (!isEip3009(stored)) throw new Error('x402 pays with EIP-3009 only')
         const headers = paymentHeaders(offer, eip3009Of(stored), stored.signature as `0x${string}`)
-        let res
+        let res: UpstreamResponse
         try {
           res = await upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...headers }, body: req.body })
         } catch (e) {
