@@ -117,7 +117,11 @@ export function descendants(pid: number): number[] {
   const todo = [pid]
   while (todo.length) {
     const p = todo.pop()!
-    for (const [child, pp] of parent) if (pp === p) out.push(child), todo.push(child)
+    for (const [child, pp] of parent) {
+      if (pp !== p) continue
+      out.push(child)
+      todo.push(child)
+    }
   }
   return out
 }

@@ -81,6 +81,7 @@ lines.push('export const bytecodes = {')
 for (const c of CONTRACTS) {
   lines.push(`  ${c.name}: ${JSON.stringify(artifacts[c.name].bytecode)},`)
 }
+// biome-ignore lint/suspicious/noTemplateCurlyInString: the generated TypeScript names the template literal type `0x${string}`
 lines.push('} as const satisfies Record<string, `0x${string}`>;', '')
 const abisTs = lines.join('\n')
 

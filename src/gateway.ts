@@ -139,147 +139,194 @@ function mppSettings(config: Config): MppSettings {
   return { methods, rates, paymentEndpointHosts: config.mpp.paymentEndpointHosts, sessionTtlSeconds: config.mpp.sessionTtlSeconds, maxAuthorizationSeconds: config.pay.maxAuthorizationSeconds }
 }
 
-/** The composition root: build every component from the config and start the listeners. */
-export async function startGateway(config: Config, opts: GatewayOptions): Promise<Gateway> {
-  const clock = opts.clock ?? systemClock
-  const log = opts.log
+/** What the builders share: the config, the options, and the clock and log from them. */
+interface Ctx {
+  config: Config
+  opts: GatewayOptions
+  log: Logger
+  clock: Clock
+}
+
+/** What a start has set running, filled in as it goes, so that a failed start stops exactly that. */
+interface Started {
+  store: Store
+  chain?: Chain
+  upstream?: Upstream
+  outbox?: Outbox
+  reconciler?: Reconciler
+  proxy?: ProxyServer
+  api?: Server
+  stopSweeping?: () => void
+}
+
+/** Stop what a failed start set running, at once (no grace: nothing was served yet). */
+async function stopStarted(s: Started): Promise<void> {
+  s.stopSweeping?.()
+  if (s.api) await closeServer(s.api, 0)
+  await s.proxy?.close(0)
+  await s.reconciler?.close()
+  await s.outbox?.close()
+  await s.upstream?.close()
+  await s.chain?.close()
+  await s.store.close()
+}
+
+async function openStore({ config, log }: Ctx): Promise<Store> {
   const store = await Store.open(config.dataDir, {
     onApplyError: (e) => (e === undefined ? log.info('LevelDB writes work again') : log.error({ err: e }, 'writing into LevelDB failed; retrying (changes are kept in the write-ahead log)')),
   })
   if (store.recovered.batches) log.info({ ...store.recovered }, 'replayed the write-ahead log of the last run into LevelDB')
-  let chain: Chain | undefined
-  let upstream: Upstream | undefined
-  let outbox: Outbox | undefined
-  let reconciler: Reconciler | undefined
-  let proxy: ProxyServer | undefined
-  let api: Server | undefined
-  let stopSweeping: (() => void) | undefined
-  try {
-    if (config.proxy.defaultAgent && !isLoopback(config.proxy.host) && !config.proxy.allowRemoteDefaultAgent) {
-      throw new PaygateError('invalid_config', `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`)
-    }
-    if (!config.chain.rpcUrl && !isLoopback(config.chain.rpcHost)) {
-      log.warn(
-        { rpcHost: config.chain.rpcHost },
-        "the embedded chain's JSON-RPC is served beyond loopback: anyone who reaches it can use its dev methods (anvil_setBalance, impersonation, evm_* time travel)",
-      )
-    }
-    const registry = new Registry(store, clock, config.accountKey)
-    const policies = new PolicyStore(store, registry, clock)
-    const accountKey = await registry.bootstrapAccountKey(config.dataDir)
-    const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
-    chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log })
-    const walletStore = new Wallets(store, registry, keystore, clock)
-    const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
-    const transactions = new Transactions(store)
-    // Cost trees read an index by parent; a store from before it gets it built once.
-    const indexed = await transactions.indexParents(store.collection('meta'))
-    if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
-    outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock })
-    await outbox.start()
-    const egress = new EgressGuard({ allow: config.egress.allow, deny: config.egress.deny, log, ...(opts.resolver ? { resolver: opts.resolver } : {}) })
-    // Paygate's own listeners, as bound: the chain's now, the API and proxy ports as soon as they listen.
-    const chainPort = localChainPort(chain, chain.embedded ? chain.info.rpcUrl : config.chain.rpcUrl!)
-    if (chainPort !== null) egress.protect(chainPort)
-    egress.protect(config.api.port, config.proxy.port)
-    upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs)
-    const events = new EventBus()
-    const hooks = new RecordHooks()
-    const rails = railsOf(config, opts)
-    const settings = mppSettings(config)
-    const mpp = new MppAdapter(upstream, new MppSessions(store, registry, clock), rails, settings, clock)
-    const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock, config.pay.maxAuthorizationSeconds)
-    const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
-    const engine = new PaymentEngine({
-      ...{ store, registry, policies, wallets: walletStore, chain, upstream, transactions, outbox, events, hooks, clock, log },
-      ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment },
-    })
-    reconciler = new Reconciler(engine, chain, transactions, clock, log)
-    reconciler.start()
-    const idempotency = new Idempotency(store, clock, config.pay.idempotencyTtlHours * 3_600_000)
-    stopSweeping = idempotency.startSweeping()
+  return store
+}
 
-    const router = new Router().add(
-      ...healthRoutes([
-        { name: 'store', check: async () => store.status === 'open' && store.applyError === undefined },
-        { name: 'chain', check: async () => (await chain!.blockNumber()) >= 0n },
-      ]),
-      ...agentRoutes(registry),
-      ...policyRoutes(policies),
-      ...walletRoutes(wallets, chain),
-      ...payRoutes(engine, idempotency),
-      ...transactionRoutes(transactions),
+/** Refuse a config that would expose a default agent, and warn about a reachable dev chain. */
+function checkExposure({ config, log }: Ctx): void {
+  if (config.proxy.defaultAgent && !isLoopback(config.proxy.host) && !config.proxy.allowRemoteDefaultAgent) {
+    throw new PaygateError('invalid_config', `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`)
+  }
+  if (!config.chain.rpcUrl && !isLoopback(config.chain.rpcHost)) {
+    log.warn(
+      { rpcHost: config.chain.rpcHost },
+      "the embedded chain's JSON-RPC is served beyond loopback: anyone who reaches it can use its dev methods (anvil_setBalance, impersonation, evm_* time travel)",
     )
-    api = createApiServer({
-      router,
-      registry,
-      rateLimit: new ApiRateLimits(config.api.rateLimit, clock),
-      log,
-      maxBodyBytes: config.api.maxBodyBytes,
-      requestTimeoutMs: config.api.requestTimeoutMs,
-    })
+  }
+}
+
+/** Agents, policies, keys, the chain, wallets and the transaction ledger with its outbox. */
+async function buildLedger({ config, log, clock }: Ctx, s: Started) {
+  const { store } = s
+  const registry = new Registry(store, clock, config.accountKey)
+  const policies = new PolicyStore(store, registry, clock)
+  const accountKey = await registry.bootstrapAccountKey(config.dataDir)
+  const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+  const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
+  const walletStore = new Wallets(store, registry, keystore, clock)
+  const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
+  const transactions = new Transactions(store)
+  // Cost trees read an index by parent; a store from before it gets it built once.
+  const indexed = await transactions.indexParents(store.collection('meta'))
+  if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
+  const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
+  await outbox.start()
+  return { store, registry, policies, accountKey, chain, walletStore, wallets, transactions, outbox }
+}
+type Ledger = Awaited<ReturnType<typeof buildLedger>>
+
+/** The egress guard, protecting Paygate's own ports: the chain's now, the API and proxy ports as configured (and again as bound). */
+function egressGuard({ config, opts, log }: Ctx, chain: Chain): EgressGuard {
+  const egress = new EgressGuard({ allow: config.egress.allow, deny: config.egress.deny, log, ...(opts.resolver ? { resolver: opts.resolver } : {}) })
+  const chainPort = localChainPort(chain, chain.embedded ? chain.info.rpcUrl : config.chain.rpcUrl!)
+  if (chainPort !== null) egress.protect(chainPort)
+  egress.protect(config.api.port, config.proxy.port)
+  return egress
+}
+
+/** The one payment engine with its protocol adapters and rails, its reconciler and idempotency keys. */
+function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
+  const { config, opts, log, clock } = ctx
+  const upstream = (s.upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs))
+  const events = new EventBus()
+  const hooks = new RecordHooks()
+  const rails = railsOf(config, opts)
+  const settings = mppSettings(config)
+  const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)
+  const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock, config.pay.maxAuthorizationSeconds)
+  const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
+  const engine = new PaymentEngine({
+    ...{ store: l.store, registry: l.registry, policies: l.policies, wallets: l.walletStore, chain: l.chain, upstream, transactions: l.transactions, outbox: l.outbox, events, hooks, clock, log },
+    ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment },
+  })
+  const reconciler = (s.reconciler = new Reconciler(engine, l.chain, l.transactions, clock, log))
+  reconciler.start()
+  const idempotency = new Idempotency(l.store, clock, config.pay.idempotencyTtlHours * 3_600_000)
+  s.stopSweeping = idempotency.startSweeping()
+  return { upstream, events, hooks, engine, reconciler, idempotency }
+}
+type Paying = ReturnType<typeof buildEngine>
+
+/** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
+function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
+  const router = new Router().add(
+    ...healthRoutes([
+      { name: 'store', check: async () => l.store.status === 'open' && l.store.applyError === undefined },
+      { name: 'chain', check: async () => (await l.chain.blockNumber()) >= 0n },
+    ]),
+    ...agentRoutes(l.registry),
+    ...policyRoutes(l.policies),
+    ...walletRoutes(l.wallets, l.chain),
+    ...payRoutes(p.engine, p.idempotency),
+    ...transactionRoutes(l.transactions),
+  )
+  const api = createApiServer({
+    router,
+    registry: l.registry,
+    rateLimit: new ApiRateLimits(config.api.rateLimit, clock),
+    log,
+    maxBodyBytes: config.api.maxBodyBytes,
+    requestTimeoutMs: config.api.requestTimeoutMs,
+  })
+  return { router, api }
+}
+
+function buildProxy({ config, log }: Ctx, l: Ledger, p: Paying, ca: CertificateAuthority): ProxyServer {
+  return new ProxyServer({
+    engine: p.engine,
+    registry: l.registry,
+    upstream: p.upstream,
+    ca,
+    idempotency: p.idempotency,
+    log,
+    maxBufferBytes: config.proxy.maxBufferBytes,
+    bufferTimeoutMs: config.proxy.bufferTimeoutMs,
+    defaultAgent: config.proxy.defaultAgent,
+    passThrough: config.proxy.passThrough,
+    accessLog: config.proxy.accessLog,
+    idleTimeoutMs: config.proxy.idleTimeoutMs,
+    ...(config.upstream.caFile ? { upstreamCa: [...rootCertificates, readFileSync(config.upstream.caFile, 'utf8')] } : {}),
+  })
+}
+
+/** The composition root: build every component from the config and start the listeners. */
+export async function startGateway(config: Config, opts: GatewayOptions): Promise<Gateway> {
+  const ctx: Ctx = { config, opts, log: opts.log, clock: opts.clock ?? systemClock }
+  const s: Started = { store: await openStore(ctx) }
+  try {
+    checkExposure(ctx)
+    const ledger = await buildLedger(ctx, s)
+    const egress = egressGuard(ctx, ledger.chain)
+    const paying = buildEngine(ctx, ledger, egress, s)
+    const { router, api } = buildApi(ctx, ledger, paying)
+    s.api = api
     const ca = await CertificateAuthority.load(config.certsDir)
-    proxy = new ProxyServer({
-      engine,
-      registry,
-      upstream,
-      ca,
-      idempotency,
-      log,
-      maxBufferBytes: config.proxy.maxBufferBytes,
-      bufferTimeoutMs: config.proxy.bufferTimeoutMs,
-      defaultAgent: config.proxy.defaultAgent,
-      passThrough: config.proxy.passThrough,
-      accessLog: config.proxy.accessLog,
-      idleTimeoutMs: config.proxy.idleTimeoutMs,
-      ...(config.upstream.caFile ? { upstreamCa: [...rootCertificates, readFileSync(config.upstream.caFile, 'utf8')] } : {}),
-    })
+    const proxy = (s.proxy = buildProxy(ctx, ledger, paying, ca))
     router.add(...caRoutes(ca))
     const addr = await listen(api, config.api.port, config.api.host, 'api.port')
     egress.protect(addr.port)
     const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host, 'proxy.port')
     egress.protect(proxyAddr.port)
 
+    const { registry, policies, chain, wallets, transactions, outbox, accountKey } = ledger
+    const { engine, events, hooks, reconciler } = paying
     let closing: Promise<void> | undefined
     return {
-      config,
-      store,
-      registry,
-      policies,
-      chain,
-      wallets,
-      engine,
-      transactions,
-      outbox,
-      events,
-      hooks,
-      reconciler,
-      proxy,
-      ca,
-      egress,
+      ...{ config, store: s.store, registry, policies, chain, wallets, engine, transactions, outbox, events, hooks, reconciler, proxy, ca, egress, accountKey },
       apiUrl: urlOf(addr),
       proxyUrl: urlOf(proxyAddr),
-      accountKey,
-      close: () =>
-        (closing ??= (async () => {
-          await Promise.all([closeServer(api!, config.shutdown.graceMs), proxy!.close(config.shutdown.graceMs)])
-          stopSweeping!()
-          await reconciler!.close()
-          await outbox!.close()
-          await upstream!.close()
-          await chain!.close()
-          await store.close()
-        })()),
+      close: () => (closing ??= closeStarted(s, config.shutdown.graceMs)),
     }
   } catch (e) {
-    stopSweeping?.()
-    if (api) await closeServer(api, 0)
-    await proxy?.close(0)
-    await reconciler?.close()
-    await outbox?.close()
-    await upstream?.close()
-    await chain?.close()
-    await store.close()
+    await stopStarted(s)
     throw e
   }
+}
+
+/** Graceful stop of a started gateway: both listeners drain within `graceMs`, then the rest in order. */
+async function closeStarted(s: Started, graceMs: number): Promise<void> {
+  await Promise.all([closeServer(s.api!, graceMs), s.proxy!.close(graceMs)])
+  s.stopSweeping!()
+  await s.reconciler!.close()
+  await s.outbox!.close()
+  await s.upstream!.close()
+  await s.chain!.close()
+  await s.store.close()
 }

@@ -81,86 +81,78 @@ async function caller(req: IncomingMessage, registry: Registry, limits: ApiRateL
   }
 }
 
-/** The /v1 API and health endpoints on one node:http server. */
-export function createApiServer(deps: ApiDeps): Server {
-  const { router, registry, rateLimit, log, maxBodyBytes, requestTimeoutMs } = deps
-  /** The access line's fields are fixed and secret-free: no redaction pass on the hot path. */
-  const access = unredacted(log)
+/** Who called, as far as the request got: for the access log, also when the handler fails. */
+interface Seen {
+  identity: Identity | null
+}
 
-  /** `seen` collects the caller's identity for the access log, also when the handler fails. */
-  async function handle(req: IncomingMessage, url: URL, seen: { identity: Identity | null }, flight: Flight): Promise<Reply> {
-    const match = router.match(req.method ?? 'GET', url.pathname)
-    if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
-    if ('allow' in match) {
-      throw new PaygateError('method_not_allowed', `${req.method} is not allowed on ${url.pathname}`, {}, { allow: match.allow.join(', ') })
-    }
-    const { route, params } = match
-    if (route.access !== 'public') {
-      seen.identity = await caller(req, registry, rateLimit)
-      if (route.access === 'account' && seen.identity.kind !== 'account') {
-        throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
-      }
-      rateLimit.admit(seen.identity)
-    }
-    let parsed: Promise<unknown> | undefined
-    return route.handler({
-      url,
-      params,
-      identity: seen.identity,
-      body: () => (parsed ??= bodyWithin(flight, () => readJsonBody(req, maxBodyBytes, route.maxJsonDepth))),
-    })
+/** Route, authenticate, rate-limit and run one request. */
+async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen, flight: Flight): Promise<Reply> {
+  const { router, registry, rateLimit, maxBodyBytes } = deps
+  const match = router.match(req.method ?? 'GET', url.pathname)
+  if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
+  if ('allow' in match) {
+    throw new PaygateError('method_not_allowed', `${req.method} is not allowed on ${url.pathname}`, {}, { allow: match.allow.join(', ') })
   }
-
-  const inFlight = new WeakMap<Duplex, Flight>()
-
-  // requestTimeout bounds head and body together (headersTimeout follows it); the check runs each second.
-  const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: requestTimeoutMs, connectionsCheckingInterval: 1000 }, (req: IncomingMessage, res: ServerResponse) => {
-    const started = process.hrtime.bigint()
-    let flight = inFlight.get(req.socket)
-    if (!flight) inFlight.set(req.socket, (flight = { responses: 0 }))
-    flight.responses++
-    res.once('close', () => {
-      if (--flight!.responses === 0) flight!.refused?.()
-    })
-    let url: URL
-    try {
-      url = new URL(req.url ?? '/', 'http://api.local')
-    } catch {
-      sendReply(res, errorJson(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
-      return
+  const { route, params } = match
+  if (route.access !== 'public') {
+    seen.identity = await caller(req, registry, rateLimit)
+    if (route.access === 'account' && seen.identity.kind !== 'account') {
+      throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
     }
-    const seen: { identity: Identity | null } = { identity: null }
-    handle(req, url, seen, flight)
-      .then(
-        (reply) => reply,
-        (e: unknown) => {
-          const err = toPaygateError(e)
-          if (err.code === 'internal_error') log.error({ err: e, path: url.pathname }, 'request failed')
-          else if (err.code === 'unavailable' && err.cause !== undefined) log.warn({ err, path: url.pathname }, 'request failed: a dependency is not answering')
-          if (err.code === 'payload_too_large') res.setHeader('connection', 'close')
-          return errorJson(err)
-        },
-      )
-      .then((reply) => {
-        if (!res.headersSent) sendReply(res, reply)
-        const ms = Number(process.hrtime.bigint() - started) / 1e6
-        access.info(
-          {
-            method: req.method,
-            path: url.pathname,
-            status: reply.status,
-            ms: Math.round(ms * 100) / 100,
-            ...(seen.identity ? { keyId: seen.identity.keyId } : {}),
-            ...(seen.identity?.kind === 'agent' ? { agentId: seen.identity.agentId } : {}),
-          },
-          'api request',
-        )
-      })
-      .catch((e: unknown) => log.error({ err: e }, 'could not send reply'))
+    rateLimit.admit(seen.identity)
+  }
+  let parsed: Promise<unknown> | undefined
+  return route.handler({
+    url,
+    params,
+    identity: seen.identity,
+    body: () => (parsed ??= bodyWithin(flight, () => readJsonBody(req, maxBodyBytes, route.maxJsonDepth))),
   })
+}
+
+/** The error body for a failed request; logged when the fault is Paygate's or a dependency's, not the caller's. */
+function failureReply(log: Logger, e: unknown, path: string, res: ServerResponse): Reply {
+  const err = toPaygateError(e)
+  if (err.code === 'internal_error') log.error({ err: e, path }, 'request failed')
+  else if (err.code === 'unavailable' && err.cause !== undefined) log.warn({ err, path }, 'request failed: a dependency is not answering')
+  if (err.code === 'payload_too_large') res.setHeader('connection', 'close')
+  return errorJson(err)
+}
+
+/** The access line. Its fields are fixed and secret-free, so `access` is the unredacted logger (no redaction pass on the hot path). */
+function logAccess(access: Logger, req: IncomingMessage, path: string, status: number, started: bigint, seen: Seen): void {
+  const ms = Number(process.hrtime.bigint() - started) / 1e6
+  access.info(
+    {
+      method: req.method,
+      path,
+      status,
+      ms: Math.round(ms * 100) / 100,
+      ...(seen.identity ? { keyId: seen.identity.keyId } : {}),
+      ...(seen.identity?.kind === 'agent' ? { agentId: seen.identity.agentId } : {}),
+    },
+    'api request',
+  )
+}
+
+/** Count a response in flight on its socket; the last one to close lets a waiting parser error be answered. */
+function track(inFlight: WeakMap<Duplex, Flight>, req: IncomingMessage, res: ServerResponse): Flight {
+  let flight = inFlight.get(req.socket)
+  if (!flight) inFlight.set(req.socket, (flight = { responses: 0 }))
+  const f = flight
+  f.responses++
+  res.once('close', () => {
+    if (--f.responses === 0) f.refused?.()
+  })
+  return f
+}
+
+/** Answer a parser error once per socket, after the responses under way on it. */
+function clientErrorHandler(inFlight: WeakMap<Duplex, Flight>): (e: NodeJS.ErrnoException, socket: Duplex) => void {
   /** Sockets whose parser error is answered already: the parser reports it again on every later chunk. */
   const refused = new WeakSet<Duplex>()
-  server.on('clientError', (e: NodeJS.ErrnoException, socket: Duplex) => {
+  return (e, socket) => {
     if (refused.has(socket)) return
     refused.add(socket)
     const flight = inFlight.get(socket)
@@ -172,6 +164,38 @@ export function createApiServer(deps: ApiDeps): Server {
         flight.late?.()
       }
     } else answerClientError(e, socket)
+  }
+}
+
+/** The /v1 API and health endpoints on one node:http server. */
+export function createApiServer(deps: ApiDeps): Server {
+  const { log, requestTimeoutMs } = deps
+  const access = unredacted(log)
+  const inFlight = new WeakMap<Duplex, Flight>()
+
+  // requestTimeout bounds head and body together (headersTimeout follows it); the check runs each second.
+  const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: requestTimeoutMs, connectionsCheckingInterval: 1000 }, (req: IncomingMessage, res: ServerResponse) => {
+    const started = process.hrtime.bigint()
+    const flight = track(inFlight, req, res)
+    let url: URL
+    try {
+      url = new URL(req.url ?? '/', 'http://api.local')
+    } catch {
+      sendReply(res, errorJson(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
+      return
+    }
+    const seen: Seen = { identity: null }
+    handle(deps, req, url, seen, flight)
+      .then(
+        (reply) => reply,
+        (e: unknown) => failureReply(log, e, url.pathname, res),
+      )
+      .then((reply) => {
+        if (!res.headersSent) sendReply(res, reply)
+        logAccess(access, req, url.pathname, reply.status, started, seen)
+      })
+      .catch((e: unknown) => log.error({ err: e }, 'could not send reply'))
   })
+  server.on('clientError', clientErrorHandler(inFlight))
   return server
 }

@@ -1,21 +1,4 @@
-import {
-  BaseError,
-  getAddress,
-  HttpRequestError,
-  SocketClosedError,
-  TimeoutError,
-  WebSocketRequestError,
-  createPublicClient,
-  createWalletClient,
-  custom,
-  http,
-  webSocket,
-  type Chain as ViemChain,
-  type Hex,
-  type PublicClient,
-  type Transport,
-  type WalletClient,
-} from 'viem'
+import { getAddress, createPublicClient, createWalletClient, custom, type Chain as ViemChain, type Hex, type PublicClient, type Transport, type WalletClient } from 'viem'
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from 'viem/accounts'
 import { join } from 'node:path'
 import type { Config } from '../config/load.js'
@@ -29,8 +12,12 @@ import { shownUrl } from '../util/redact.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
-import { DevnetUnavailableError, startDevnet, type Devnet, type SendResult } from './devnet/index.js'
+import { startDevnet, type Devnet, type SendResult } from './devnet/index.js'
 import { portTaken } from '../util/ports.js'
+import { transportFor, unanswered } from './rpc.js'
+import { readTokenDomain } from './token-domain.js'
+
+export { readTokenDomain } from './token-domain.js'
 
 export type Address = `0x${string}`
 
@@ -72,26 +59,6 @@ export function viemChain(chainId: number, name: string, rpcUrl: string): ViemCh
     nativeCurrency: { name: 'Ether', symbol: 'ETH', decimals: 18 },
     rpcUrls: { default: { http: [rpcUrl] } },
   }
-}
-
-/** The node did not answer (unreachable, timed out, socket closed, an HTTP error, a dead or stalled embedded anvil). */
-const isUnanswered = (e: unknown): boolean =>
-  e instanceof DevnetUnavailableError ||
-  (e instanceof BaseError &&
-    !!e.walk((x) => x instanceof HttpRequestError || x instanceof TimeoutError || x instanceof WebSocketRequestError || x instanceof SocketClosedError || x instanceof DevnetUnavailableError))
-
-/**
- * A read the node did not answer (unreachable, timed out, socket closed, an HTTP error such
- * as a provider refusing its key) is 503 `unavailable`, the cause kept for the log; any
- * other error (a revert, a bad answer) is thrown as it is.
- */
-function unanswered(e: unknown): never {
-  if (isUnanswered(e)) throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
-  throw e
-}
-
-function transportFor(url: string): Transport {
-  return url.startsWith('ws') ? webSocket(url) : http(url, { batch: false, retryCount: 2 })
 }
 
 /**
@@ -275,53 +242,6 @@ export class Chain {
 
   async close(): Promise<void> {
     await this.devnet?.close()
-  }
-}
-
-/** EIP-5267 `fields` of the only domain shape Paygate signs EIP-3009 over: name, version, chainId, verifyingContract. */
-const SIGNABLE_DOMAIN_FIELDS = 0x0f
-
-const firstLine = (e: unknown): string => String((e as Error)?.message ?? e).split('\n')[0]!
-
-/**
- * The token's EIP-712 domain name and version, asked once at start: EIP-5267
- * `eip712Domain()` when the token has it, else `name()` and `version()` (Circle's
- * FiatToken has no EIP-5267; Base Sepolia USDC answers "USDC"/"2", Base USDC "USD
- * Coin"/"2"). Authorizations signed over any other domain revert at settlement, so a
- * token that answers neither, or whose domain has another shape, stops the start.
- */
-export async function readTokenDomain(client: PublicClient, token: Address, chainId: number): Promise<TokenDomain> {
-  const where = `chain.token = ${token}`
-  let reported: readonly [Hex, string, string, bigint, Address, Hex, readonly bigint[]] | null = null
-  try {
-    reported = await client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'eip712Domain' })
-  } catch (e) {
-    // No EIP-5267 (a revert or an unreadable answer): the token's name() and version() say it.
-    // A node that does not answer says nothing about the token: that stops the start as it is.
-    if (isUnanswered(e)) throw e
-  }
-  if (reported) {
-    const [fields, name, version, domainChainId, verifyingContract] = reported
-    if (Number(fields) !== SIGNABLE_DOMAIN_FIELDS || domainChainId !== BigInt(chainId) || verifyingContract.toLowerCase() !== token.toLowerCase()) {
-      throw new PaygateError(
-        'invalid_config',
-        `${where}: its EIP-712 domain (fields ${fields}, chainId ${domainChainId}, verifyingContract ${verifyingContract}) is not {name, version, chainId ${chainId}, verifyingContract ${token}}: EIP-3009 authorizations cannot be signed for it`,
-      )
-    }
-    return { name, version }
-  }
-  try {
-    const [name, version] = await Promise.all([
-      client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'name' }),
-      client.readContract({ address: token, abi: paygateUsdcAbi, functionName: 'version' }),
-    ])
-    return { name, version }
-  } catch (e) {
-    if (isUnanswered(e)) throw e
-    throw new PaygateError(
-      'invalid_config',
-      `${where} answers neither eip712Domain() nor name() and version() on chain ${chainId}, so its EIP-712 domain is unknown: is it an EIP-3009 token? (${firstLine(e)})`,
-    )
   }
 }
 

@@ -149,43 +149,29 @@ function describeValue(spec: KeySpec, v: unknown): string {
   return JSON.stringify(v)
 }
 
+/** A normalised value and null, or undefined and what is allowed. */
+type Checked = [unknown, string | null]
+
 /** Validate one value; returns [normalised value, null] or [undefined, what is allowed]. */
-function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | null] {
+function validate(spec: KeySpec, v: unknown, cwd: string): Checked {
   if (v === null || v === undefined || v === '') {
     return spec.optional ? [null, null] : [undefined, 'a value (this key is required)']
   }
-  const asInt = (): number | null => {
-    const n = typeof v === 'number' ? v : typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : NaN
-    return Number.isSafeInteger(n) ? n : null
-  }
   switch (spec.kind) {
     case 'port': {
-      const n = asInt()
+      const n = asInt(v)
       return n !== null && n >= 0 && n <= 65535 ? [n, null] : [undefined, 'an integer port 0-65535 (0 picks a free port)']
     }
-    case 'int': {
-      const n = asInt()
-      const lo = spec.min ?? Number.MIN_SAFE_INTEGER
-      const hi = spec.max ?? Number.MAX_SAFE_INTEGER
-      return n !== null && n >= lo && n <= hi ? [n, null] : [undefined, `an integer from ${lo} to ${hi}`]
-    }
+    case 'int':
+      return validateInt(spec, v)
     case 'enum':
       return typeof v === 'string' && spec.values!.includes(v) ? [v, null] : [undefined, `one of ${spec.values!.join(', ')}`]
     case 'host': {
       const ok = typeof v === 'string' && (isIP(v) !== 0 || /^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(v))
       return ok ? [v, null] : [undefined, 'a hostname or IP address, e.g. 127.0.0.1 or 0.0.0.0']
     }
-    case 'url': {
-      if (typeof v === 'string') {
-        try {
-          const u = new URL(v)
-          if (u.protocol === 'http:' || u.protocol === 'https:' || u.protocol === 'ws:' || u.protocol === 'wss:') return [v, null]
-        } catch {
-          /* fall through */
-        }
-      }
-      return [undefined, 'an http(s) or ws(s) URL']
-    }
+    case 'url':
+      return validateUrl(v)
     case 'address':
       return typeof v === 'string' && /^0x[0-9a-fA-F]{40}$/.test(v) ? [v, null] : [undefined, 'a 0x-prefixed 20-byte hex address']
     case 'amount': {
@@ -195,55 +181,13 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
     case 'path':
       return typeof v === 'string' ? [resolve(cwd, v), null] : [undefined, 'a file system path']
     case 'bool':
-      if (typeof v === 'boolean') return [v, null]
-      if (v === 'true' || v === '1') return [true, null]
-      if (v === 'false' || v === '0') return [false, null]
-      return [undefined, 'true or false']
-    case 'hostList': {
-      const items = Array.isArray(v)
-        ? v
-        : typeof v === 'string'
-          ? v
-              .split(',')
-              .map((x) => x.trim())
-              .filter(Boolean)
-          : null
-      const ok = items?.every((x) => typeof x === 'string' && /^[A-Za-z0-9.*:[\]-]{1,253}$/.test(x))
-      return items && ok ? [items.map((x: string) => x.toLowerCase()), null] : [undefined, 'a list of host names (comma-separated in the environment)']
-    }
-    case 'ruleList': {
-      const items = Array.isArray(v)
-        ? v
-        : typeof v === 'string'
-          ? v
-              .split(',')
-              .map((x) => x.trim())
-              .filter(Boolean)
-          : null
-      if (!items?.every((x) => typeof x === 'string')) return [undefined, 'a list of CIDRs and host names (comma-separated in the environment)']
-      const bad = items.map((x: string) => spec.check?.(x) ?? null).filter((x) => x !== null)
-      return bad.length ? [undefined, bad.join('; ')] : [items.map((x: string) => x.trim().toLowerCase()), null]
-    }
-    case 'map': {
-      let entries: [string, unknown][] | null = null
-      if (typeof v === 'object' && !Array.isArray(v)) entries = Object.entries(v as object)
-      else if (typeof v === 'string') {
-        const pairs = v
-          .split(',')
-          .map((x) => x.trim())
-          .filter(Boolean)
-          .map((x) => x.split('='))
-        if (pairs.every((p) => p.length === 2)) entries = pairs.map(([k, val]) => [k!.trim(), val!.trim()])
-      }
-      const what = `key=value pairs (comma-separated in the environment, an object in a file) with values: ${spec.check?.('\u0000') ?? 'strings'}`
-      if (!entries) return [undefined, what]
-      const out: Record<string, string> = {}
-      for (const [k, val] of entries) {
-        if (!/^[A-Za-z0-9._:/-]{1,64}$/.test(k) || typeof val !== 'string' || spec.check?.(val)) return [undefined, what]
-        out[k] = val
-      }
-      return [out, null]
-    }
+      return validateBool(v)
+    case 'hostList':
+      return validateHostList(v)
+    case 'ruleList':
+      return validateRuleList(spec, v)
+    case 'map':
+      return validateMap(spec, v)
     case 'secret':
     case 'string': {
       if (typeof v !== 'string') return [undefined, 'a string']
@@ -251,6 +195,85 @@ function validate(spec: KeySpec, v: unknown, cwd: string): [unknown, string | nu
       return why ? [undefined, why] : [v, null]
     }
   }
+}
+
+/** A safe integer from a JSON number or integer text, else null. */
+function asInt(v: unknown): number | null {
+  const n = typeof v === 'number' ? v : typeof v === 'string' && /^-?\d+$/.test(v.trim()) ? Number(v) : NaN
+  return Number.isSafeInteger(n) ? n : null
+}
+
+function validateInt(spec: KeySpec, v: unknown): Checked {
+  const n = asInt(v)
+  const lo = spec.min ?? Number.MIN_SAFE_INTEGER
+  const hi = spec.max ?? Number.MAX_SAFE_INTEGER
+  return n !== null && n >= lo && n <= hi ? [n, null] : [undefined, `an integer from ${lo} to ${hi}`]
+}
+
+function validateUrl(v: unknown): Checked {
+  if (typeof v === 'string') {
+    try {
+      const u = new URL(v)
+      if (u.protocol === 'http:' || u.protocol === 'https:' || u.protocol === 'ws:' || u.protocol === 'wss:') return [v, null]
+    } catch {
+      /* fall through */
+    }
+  }
+  return [undefined, 'an http(s) or ws(s) URL']
+}
+
+function validateBool(v: unknown): Checked {
+  if (typeof v === 'boolean') return [v, null]
+  if (v === 'true' || v === '1') return [true, null]
+  if (v === 'false' || v === '0') return [false, null]
+  return [undefined, 'true or false']
+}
+
+/** A list as a file gives it (an array) or as the environment does (comma-separated text); null otherwise. */
+function listOf(v: unknown): unknown[] | null {
+  if (Array.isArray(v)) return v
+  if (typeof v !== 'string') return null
+  return v
+    .split(',')
+    .map((x) => x.trim())
+    .filter(Boolean)
+}
+
+const allStrings = (items: unknown[] | null): items is string[] => items?.every((x) => typeof x === 'string') ?? false
+
+function validateHostList(v: unknown): Checked {
+  const items = listOf(v)
+  return allStrings(items) && items.every((x) => /^[A-Za-z0-9.*:[\]-]{1,253}$/.test(x))
+    ? [items.map((x) => x.toLowerCase()), null]
+    : [undefined, 'a list of host names (comma-separated in the environment)']
+}
+
+function validateRuleList(spec: KeySpec, v: unknown): Checked {
+  const items = listOf(v)
+  if (!allStrings(items)) return [undefined, 'a list of CIDRs and host names (comma-separated in the environment)']
+  const bad = items.map((x) => spec.check?.(x) ?? null).filter((x) => x !== null)
+  return bad.length ? [undefined, bad.join('; ')] : [items.map((x) => x.trim().toLowerCase()), null]
+}
+
+function validateMap(spec: KeySpec, v: unknown): Checked {
+  let entries: [string, unknown][] | null = null
+  if (typeof v === 'object' && !Array.isArray(v)) entries = Object.entries(v as object)
+  else if (typeof v === 'string') {
+    const pairs = v
+      .split(',')
+      .map((x) => x.trim())
+      .filter(Boolean)
+      .map((x) => x.split('='))
+    if (pairs.every((p) => p.length === 2)) entries = pairs.map(([k, val]) => [k!.trim(), val!.trim()])
+  }
+  const what = `key=value pairs (comma-separated in the environment, an object in a file) with values: ${spec.check?.('\u0000') ?? 'strings'}`
+  if (!entries) return [undefined, what]
+  const out: Record<string, string> = {}
+  for (const [k, val] of entries) {
+    if (!/^[A-Za-z0-9._:/-]{1,64}$/.test(k) || typeof val !== 'string' || spec.check?.(val)) return [undefined, what]
+    out[k] = val
+  }
+  return [out, null]
 }
 
 function setPath(obj: Record<string, unknown>, path: string, value: unknown): void {

@@ -216,7 +216,7 @@ export class Outbox {
       this.stored += stored.length
       if (this.spilledUpTo === null && this.held() + stored.length <= this.maxHeld) this.hold(stored)
       else this.spilledUpTo = nonce
-      group.forEach((g, i) => g.resolve(hashes[i]!))
+      for (const [i, g] of group.entries()) g.resolve(hashes[i]!)
     })
     // record() schedules a flush for whatever arrives meanwhile; the pass waits to send a run
     // of records and find the earlier ones mined, instead of one pass (and one receipt miss) per payment.

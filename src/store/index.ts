@@ -39,7 +39,7 @@ export interface RangeOptions {
 
 export type BatchOp =
   /** `latest`: the value is taken when the batch is logged (the newest state of a key kept in memory). */
-  { type: 'put'; coll: Collection<any>; key: string; value: unknown; latest?: () => unknown } | { type: 'del'; coll: Collection<any>; key: string }
+  { type: 'put'; coll: Collection<unknown>; key: string; value: unknown; latest?: () => unknown } | { type: 'del'; coll: Collection<unknown>; key: string }
 
 export interface StoreOptions {
   /** Start a new write-ahead log file past this size (bytes). Default 16 MiB. */
@@ -92,7 +92,9 @@ class LevelCollection<T> implements Collection<T> {
         missAt.push(i)
       } else out[i] = decodeLogged<T>(logged)
     })
-    if (miss.length) (await this.sub.getMany(miss)).forEach((v, j) => (out[missAt[j]!] = v as T | undefined))
+    if (miss.length) {
+      for (const [j, v] of (await this.sub.getMany(miss)).entries()) out[missAt[j]!] = v as T | undefined
+    }
     return out
   }
   put(key: string, value: T): Promise<void> {
@@ -130,7 +132,7 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 
 export class Store {
   private readonly db: Level<string, unknown>
-  private readonly colls = new Map<string, LevelCollection<any>>()
+  private readonly colls = new Map<string, LevelCollection<unknown>>()
   private readonly locks = new KeyedMutex()
   private wal!: Wal
   /** batches called in this tick, logged together */
@@ -180,7 +182,8 @@ export class Store {
   }
 
   collection<T>(name: string): Collection<T> {
-    let c = this.colls.get(name)
+    // One collection a name, and every caller of a name reads it as the same T.
+    let c = this.colls.get(name) as LevelCollection<T> | undefined
     if (!c) {
       const sub = this.db.sublevel<string, T>(name, { valueEncoding: 'json' }) as unknown as Sub<T>
       c = new LevelCollection<T>(name, sub, this)
@@ -308,7 +311,13 @@ export class Store {
       this.appliedSeq = last
       for (const key of merged.keys()) if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
       this.wal.retire(last)
-      if (this.waiters.length) this.waiters = this.waiters.filter((w) => (w.seq <= last ? (w.resolve(), false) : true))
+      if (this.waiters.length) {
+        this.waiters = this.waiters.filter((w) => {
+          if (w.seq > last) return true
+          w.resolve()
+          return false
+        })
+      }
       // What was logged meanwhile waits its own delay, unless someone waits for it or a
       // backlog of a full slice or more has built up (then other work runs between slices).
       if (this.waiters.length || this.closing) continue

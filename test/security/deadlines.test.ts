@@ -40,7 +40,10 @@ t.test('a proxy request whose buffered body stops coming: 408 with X-Paygate-Err
   let reached = 0
   const port = await listenForTest(
     t,
-    createServer((_req, res) => (reached++, res.end('ok'))),
+    createServer((_req, res) => {
+      reached++
+      res.end('ok')
+    }),
   )
   const agent = (await gw.api('POST', '/v1/agents', { body: { agentId: 'slow-uploader' } })).body
   const r = await rawExchange(proxyPort, [

@@ -21,7 +21,12 @@ t.test("the README shows the two commands and fits a newcomer's first ten minute
 })
 
 t.test('every relative link in the README and docs/ points at a file that exists', async (t) => {
-  const files = ['README.md', ...readdirSync(new URL('docs/', root)).filter((f) => f.endsWith('.md')).map((f) => `docs/${f}`)]
+  const files = [
+    'README.md',
+    ...readdirSync(new URL('docs/', root))
+      .filter((f) => f.endsWith('.md'))
+      .map((f) => `docs/${f}`),
+  ]
   for (const f of files) {
     const text = readFileSync(new URL(f, root), 'utf8')
     for (const [, target] of text.matchAll(/\]\(([^)#\s]+)(?:#[^)]*)?\)/g)) {

@@ -49,7 +49,9 @@ t.test('validation table names the field', async (t) => {
     [{ dailyBudget: { usdc: 'ten' } }, 'dailyBudget.usdc'],
     [{ dailyBudget: { usdc: true } }, 'dailyBudget.usdc'],
     [{ dailyBudget: { usdc: 1e13 } }, 'dailyBudget.usdc'],
+    // biome-ignore lint/correctness/noPrecisionLoss: a number a double cannot hold exactly is what this case checks is refused
     [{ dailyBudget: { usdc: 999999999999.999999 } }, 'dailyBudget.usdc'],
+    // biome-ignore lint/correctness/noPrecisionLoss: as above, just under the cap
     [{ dailyBudget: { usdc: 8999999999.999999 } }, 'dailyBudget.usdc'],
     [{ perCallLimit: { usdc: 1.2345678 } }, 'perCallLimit.usdc'],
     [{ perCallLimit: {} }, 'perCallLimit'],

@@ -12,7 +12,10 @@ export const keyView = (k: KeyRecord): Record<string, unknown> => ({
 })
 
 /** Agents and API keys: account-level operations. New keys are shown once, in the 201. */
-export function agentRoutes(registry: Registry): Route[] {
+export const agentRoutes = (registry: Registry): Route[] => [...agentResourceRoutes(registry), ...agentKeyRoutes(registry), ...accountKeyRoutes(registry)]
+
+/** Create, list, read and delete agents. */
+function agentResourceRoutes(registry: Registry): Route[] {
   return [
     {
       method: 'POST',
@@ -52,6 +55,12 @@ export function agentRoutes(registry: Registry): Route[] {
         return { status: 204 }
       },
     },
+  ]
+}
+
+/** An agent's own keys. */
+function agentKeyRoutes(registry: Registry): Route[] {
+  return [
     {
       method: 'POST',
       path: '/v1/agents/:agentId/keys',
@@ -72,6 +81,12 @@ export function agentRoutes(registry: Registry): Route[] {
         return { status: 200, body: { keys: keys.map(keyView) } }
       },
     },
+  ]
+}
+
+/** Account keys; DELETE revokes any key, account or agent. */
+function accountKeyRoutes(registry: Registry): Route[] {
+  return [
     {
       method: 'POST',
       path: '/v1/keys',

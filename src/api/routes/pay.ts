@@ -140,65 +140,68 @@ function decoded(read: { data: Buffer } | DataError, coding: string | string[] |
 const settlementView = (s: { success: boolean; transaction: string | null; network: string | null } | null | undefined) =>
   s ? { success: s.success, transaction: s.transaction, network: s.network } : null
 
+/** One pay call through the engine, answered as `POST /v1/pay` shows it. */
+async function runPay(engine: PaymentEngine, p: PayBody): Promise<Reply> {
+  const out = await engine.pay({
+    agentId: p.agentId,
+    url: p.url,
+    method: p.method,
+    headers: p.headers,
+    body: p.body,
+    ...(p.parentTxHash ? { parentTxHash: p.parentTxHash } : {}),
+    ...(p.idempotencyKey ? { idempotencyKey: p.idempotencyKey } : {}),
+  })
+  if (out.unpaid) {
+    out.response.body.resume()
+    throw out.unpaid
+  }
+  const read = decoded(await readData(out.response.body), out.response.headers['content-encoding'])
+  // The engine accounted for this call (paid, served under a session, or sent an authorization
+  // it still holds): the answer stands with `data: null` and why, and an idempotent replay
+  // returns it, never paying again. A call that was only relayed is an error, free to retry.
+  const accounted = out.payment !== null || out.session !== undefined || out.held !== undefined
+  if ('error' in read && !accounted) throw new PaygateError('upstream_unreachable', read.detail, { reason: read.error })
+  const data = 'data' in read ? parseData(read.data, out.response.headers['content-type']) : null
+  const pay = out.payment
+  return {
+    status: 200,
+    body: {
+      protocol: pay?.protocol ?? out.session?.protocol ?? null,
+      amountPaid: usdc(pay?.amount ?? 0n),
+      txHash: pay?.txHash ?? null,
+      status: out.response.status,
+      data,
+      ...('error' in read ? { dataError: read } : {}),
+      ...(out.session ? { session: 'reused' } : {}),
+      ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: settlementView(pay.settlement) } : {}),
+      ...(out.held ? { transactionId: out.held.transactionId } : {}),
+    },
+  }
+}
+
+/** A request under this key was cut off by a crash: a paid one answers without its data (lost with the process). */
+async function recoverPay(engine: PaymentEngine, p: PayBody, startedAt: number): Promise<Reply | undefined> {
+  const rec = await engine.cutOff(p.agentId, p.idempotencyKey!, startedAt)
+  if (!rec) return undefined
+  return {
+    status: 200,
+    body: {
+      protocol: rec.protocol,
+      amountPaid: usdc(BigInt(rec.amount)),
+      txHash: rec.txHash,
+      status: rec.upstreamStatus ?? null,
+      data: null,
+      dataError: { error: 'upstream_body_lost', detail: "Paygate restarted before this request's answer was returned; the payment is recorded" },
+      transactionId: rec.id,
+      rail: rec.rail ?? 'stablecoin',
+      settlement: settlementView(rec.settlement),
+    },
+  }
+}
+
 /** `POST /v1/pay`: the payment engine behind the API, with idempotency keys. */
 export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
-  async function run(p: PayBody): Promise<Reply> {
-    const out = await engine.pay({
-      agentId: p.agentId,
-      url: p.url,
-      method: p.method,
-      headers: p.headers,
-      body: p.body,
-      ...(p.parentTxHash ? { parentTxHash: p.parentTxHash } : {}),
-      ...(p.idempotencyKey ? { idempotencyKey: p.idempotencyKey } : {}),
-    })
-    if (out.unpaid) {
-      out.response.body.resume()
-      throw out.unpaid
-    }
-    const read = decoded(await readData(out.response.body), out.response.headers['content-encoding'])
-    // The engine accounted for this call (paid, served under a session, or sent an authorization
-    // it still holds): the answer stands with `data: null` and why, and an idempotent replay
-    // returns it, never paying again. A call that was only relayed is an error, free to retry.
-    const accounted = out.payment !== null || out.session !== undefined || out.held !== undefined
-    if ('error' in read && !accounted) throw new PaygateError('upstream_unreachable', read.detail, { reason: read.error })
-    const data = 'data' in read ? parseData(read.data, out.response.headers['content-type']) : null
-    const pay = out.payment
-    return {
-      status: 200,
-      body: {
-        protocol: pay?.protocol ?? out.session?.protocol ?? null,
-        amountPaid: usdc(pay?.amount ?? 0n),
-        txHash: pay?.txHash ?? null,
-        status: out.response.status,
-        data,
-        ...('error' in read ? { dataError: read } : {}),
-        ...(out.session ? { session: 'reused' } : {}),
-        ...(pay ? { transactionId: pay.transactionId, rail: pay.rail, settlement: settlementView(pay.settlement) } : {}),
-        ...(out.held ? { transactionId: out.held.transactionId } : {}),
-      },
-    }
-  }
-
-  /** A request under this key was cut off by a crash: a paid one answers without its data (lost with the process). */
-  async function recover(p: PayBody, startedAt: number): Promise<Reply | undefined> {
-    const rec = await engine.cutOff(p.agentId, p.idempotencyKey!, startedAt)
-    if (!rec) return undefined
-    return {
-      status: 200,
-      body: {
-        protocol: rec.protocol,
-        amountPaid: usdc(BigInt(rec.amount)),
-        txHash: rec.txHash,
-        status: rec.upstreamStatus ?? null,
-        data: null,
-        dataError: { error: 'upstream_body_lost', detail: "Paygate restarted before this request's answer was returned; the payment is recorded" },
-        transactionId: rec.id,
-        rail: rec.rail ?? 'stablecoin',
-        settlement: settlementView(rec.settlement),
-      },
-    }
-  }
+  const run = (p: PayBody): Promise<Reply> => runPay(engine, p)
   return [
     {
       method: 'POST',
@@ -216,7 +219,7 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
           requestDigest({ ...p, body: p.canonicalBody }),
           () => run(p),
           nothingSigned,
-          (startedAt) => recover(p, startedAt),
+          (startedAt) => recoverPay(engine, p, startedAt),
         )
       },
     },
