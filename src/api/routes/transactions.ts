@@ -10,6 +10,20 @@ function requireInTree(identity: Identity | null, agents: Set<string>): void {
   if (identity?.kind === 'agent' && !agents.has(identity.agentId)) throw new PaygateError('forbidden', 'an agent key may only read trees its own agent is in')
 }
 
+/** `GET /v1/transactions/<tx>/chain` or `/tree`, from any node. */
+function treeRoute(transactions: Transactions, what: 'chain' | 'tree', view: typeof chainView): Route {
+  return {
+    method: 'GET',
+    path: `/v1/transactions/:id/${what}`,
+    access: 'agent',
+    async handler(ctx) {
+      const { agents, body } = await view(transactions, await nodeOf(transactions, ctx.params.id!))
+      requireInTree(ctx.identity, agents)
+      return { status: 200, body }
+    },
+  }
+}
+
 /** Transactions, newest first; agent keys see only their own agent. */
 export function transactionRoutes(transactions: Transactions): Route[] {
   return [
@@ -44,25 +58,7 @@ export function transactionRoutes(transactions: Transactions): Route[] {
         return { status: 200, body: txView(r) }
       },
     },
-    {
-      method: 'GET',
-      path: '/v1/transactions/:id/chain',
-      access: 'agent',
-      async handler(ctx) {
-        const { agents, body } = await chainView(transactions, await nodeOf(transactions, ctx.params.id!))
-        requireInTree(ctx.identity, agents)
-        return { status: 200, body }
-      },
-    },
-    {
-      method: 'GET',
-      path: '/v1/transactions/:id/tree',
-      access: 'agent',
-      async handler(ctx) {
-        const { agents, body } = await treeView(transactions, await nodeOf(transactions, ctx.params.id!))
-        requireInTree(ctx.identity, agents)
-        return { status: 200, body }
-      },
-    },
+    treeRoute(transactions, 'chain', chainView),
+    treeRoute(transactions, 'tree', treeView),
   ]
 }
