@@ -18,7 +18,18 @@ import { cpuPerCall, cpuTimes, descendants, fmt, gatewayNodeArgs, spawnServer, t
 
 export async function benchPay(opts: { sequential: number; concurrent: number; maxMs: number }): Promise<void> {
   const dataDir = tempDir('paygate-bench-')
-  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000', PAYGATE_API_RATE_LIMIT_BURST: '10000000', PAYGATE_API_RATE_LIMIT_PER_KEY_PER_MINUTE: '10000000', PAYGATE_API_RATE_LIMIT_PER_KEY_BURST: '10000000' }, [], gatewayNodeArgs(), false)
+  const gw = await spawnGateway(
+    {
+      PAYGATE_DATA_DIR: dataDir,
+      PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000',
+      PAYGATE_API_RATE_LIMIT_BURST: '10000000',
+      PAYGATE_API_RATE_LIMIT_PER_KEY_PER_MINUTE: '10000000',
+      PAYGATE_API_RATE_LIMIT_PER_KEY_BURST: '10000000',
+    },
+    [],
+    gatewayNodeArgs(),
+    false,
+  )
   const accountKey = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(gw.url, 'GET', '/v1/chain', accountKey)).body
   const chain = createPublicClient({ transport: http(info.rpcUrl) })
