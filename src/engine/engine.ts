@@ -353,9 +353,4 @@ export class PaymentEngine {
     if (rec.status === 'failed') throw new PaygateError('payment_failed', rec.error ?? 'the payment failed', { transactionId: rec.id })
     return rec
   }
-
-  /** Whether an EIP-3009 nonce of `from` is used on chain (chain/). */
-  authorizationUsed(from: `0x${string}`, nonce: string): Promise<boolean> {
-    return this.d.chain.authorizationUsed(from, nonce as `0x${string}`)
-  }
 }
