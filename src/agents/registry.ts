@@ -46,12 +46,12 @@ const ACCOUNT_KEY_FILE = 'account-key'
 
 export function validateAgentId(id: unknown): string {
   if (typeof id !== 'string' || !AGENT_ID_RE.test(id)) {
-    throw new PaygateError('invalid_request', 'agentId must match [A-Za-z0-9._-]{1,64}', { field: 'agentId' })
+    throw new PaygateError('invalid_request', 'agentId must match [A-Za-z0-9._-]{1,64}', { extra: { field: 'agentId' } })
   }
   // URL parsing drops `.` and `..` path segments: such an agent could never be addressed.
-  if (/^\.+$/.test(id)) throw new PaygateError('invalid_request', 'agentId cannot be made only of dots', { field: 'agentId' })
+  if (/^\.+$/.test(id)) throw new PaygateError('invalid_request', 'agentId cannot be made only of dots', { extra: { field: 'agentId' } })
   if (RESERVED_AGENT_IDS.has(id)) {
-    throw new PaygateError('invalid_request', `agentId "${id}" is reserved`, { field: 'agentId' })
+    throw new PaygateError('invalid_request', `agentId "${id}" is reserved`, { extra: { field: 'agentId' } })
   }
   return id
 }

@@ -63,7 +63,8 @@ export interface RateLimitSettings {
 /** Keys and addresses with a bucket of their own, at most (the least recently seen go first: a new bucket is a full one). */
 const MAX_TRACKED = 10_000
 
-const limited = (detail: string, retryAfter: number): PaygateError => new PaygateError('rate_limited', `${detail}; retry in ${retryAfter} s`, { retryAfter }, { 'retry-after': String(retryAfter) })
+const limited = (detail: string, retryAfter: number): PaygateError =>
+  new PaygateError('rate_limited', `${detail}; retry in ${retryAfter} s`, { extra: { retryAfter }, headers: { 'retry-after': String(retryAfter) } })
 
 /**
  * The API's rate limits. A call takes one token from its key's own bucket and one from the

@@ -70,7 +70,7 @@ function matchSegments(pattern: string[], parts: string[]): Record<string, strin
       try {
         params[p.slice(1)] = decodeURIComponent(v)
       } catch {
-        throw new PaygateError('invalid_request', `path segment ${JSON.stringify(v)} is not valid percent-encoding`, { field: p.slice(1) })
+        throw new PaygateError('invalid_request', `path segment ${JSON.stringify(v)} is not valid percent-encoding`, { extra: { field: p.slice(1) } })
       }
     } else if (p !== v) return null
   }

@@ -92,7 +92,7 @@ async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen,
   const match = router.match(req.method ?? 'GET', url.pathname)
   if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
   if ('allow' in match) {
-    throw new PaygateError('method_not_allowed', `${req.method} is not allowed on ${url.pathname}`, {}, { allow: match.allow.join(', ') })
+    throw new PaygateError('method_not_allowed', `${req.method} is not allowed on ${url.pathname}`, { headers: { allow: match.allow.join(', ') } })
   }
   const { route, params } = match
   if (route.access !== 'public') {
@@ -181,7 +181,7 @@ export function createApiServer(deps: ApiDeps): Server {
     try {
       url = new URL(req.url ?? '/', 'http://api.local')
     } catch {
-      sendReply(res, errorJson(new PaygateError('invalid_request', 'malformed request target', { field: 'path' })))
+      sendReply(res, errorJson(new PaygateError('invalid_request', 'malformed request target', { extra: { field: 'path' } })))
       return
     }
     const seen: Seen = { identity: null }

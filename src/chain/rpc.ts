@@ -16,7 +16,7 @@ export const isUnanswered = (e: unknown): boolean =>
  * other error (a revert, a bad answer) is thrown as it is.
  */
 export function unanswered(e: unknown): never {
-  if (isUnanswered(e)) throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
+  if (isUnanswered(e)) throw new PaygateError('unavailable', 'the chain is not answering; retry later', { headers: { 'retry-after': '2' }, cause: e })
   throw e
 }
 

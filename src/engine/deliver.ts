@@ -94,7 +94,7 @@ export async function deliver(d: DeliverDeps, req: PayRequest, plan: Plan, signe
   const upstreamStatus = last.response ? { upstreamStatus: last.response.status } : {}
   await d.recorder.finish(rec, { status: end === 'held' ? 'unknown' : 'failed', error: last.error, ...upstreamStatus }, end === 'held' ? 'keep' : 'release')
   d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })
-  throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { transactionId: rec.id })
+  throw new PaygateError(code, `payment not completed after ${rec.attempts ?? MAX_ATTEMPTS} attempts: ${last.error}`, { extra: { transactionId: rec.id } })
 }
 
 /**

@@ -63,7 +63,7 @@ const CUT_OFF_MARGIN_MS = 60_000
 /** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
 const sessionRefused = (status: number): boolean => status === 401 || status === 402
 const chainSilent = (e: unknown): never => {
-  throw new PaygateError('unavailable', 'the chain is not answering; retry later', {}, { 'retry-after': '2' }, e)
+  throw new PaygateError('unavailable', 'the chain is not answering; retry later', { headers: { 'retry-after': '2' }, cause: e })
 }
 
 /**
@@ -217,8 +217,8 @@ export class PaymentEngine {
   /** A payment hangs only under the paying agent's own transactions: another agent's tree is not its to grow. */
   private async parentOf(hash: string, agentId: string): Promise<TxRecord> {
     const p = await this.d.transactions.find(hash)
-    if (!p?.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { field: 'parentTxHash' })
-    if (p.agentId !== agentId) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a transaction of agent ${agentId}`, { field: 'parentTxHash' })
+    if (!p?.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { extra: { field: 'parentTxHash' } })
+    if (p.agentId !== agentId) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a transaction of agent ${agentId}`, { extra: { field: 'parentTxHash' } })
     return p
   }
 
@@ -251,7 +251,9 @@ export class PaymentEngine {
       for (const status of ['pending', 'unknown'] as const) {
         for await (const r of this.d.transactions.all(status)) {
           if (r.agentId === req.agentId && same(r)) {
-            throw new PaygateError('no_payable_offer', `the target's challenge is held by transaction ${r.id}, whose outcome is still open; a challenge is never paid twice`, { transactionId: r.id })
+            throw new PaygateError('no_payable_offer', `the target's challenge is held by transaction ${r.id}, whose outcome is still open; a challenge is never paid twice`, {
+              extra: { transactionId: r.id },
+            })
           }
         }
       }
@@ -291,11 +293,13 @@ export class PaymentEngine {
       if (!w.ok) throw w.error
       if (r.kind === 'rejected') {
         this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: r.reason, detail: r.detail, endpoint: base.endpoint, transactionId: base.id })
-        throw new PaygateError('policy_violation', r.detail, { reason: r.reason })
+        throw new PaygateError('policy_violation', r.detail, { extra: { reason: r.reason } })
       }
       throw new PaygateError('insufficient_funds', `wallet holds ${formatUnits(r.balance)} USDC with ${formatUnits(r.balance - r.available)} reserved; ${formatUnits(plan.amount)} needed`, {
-        required: { usdc: toUsdcNumber(plan.amount) },
-        available: { usdc: toUsdcNumber(r.available > 0n ? r.available : 0n) },
+        extra: {
+          required: { usdc: toUsdcNumber(plan.amount) },
+          available: { usdc: toUsdcNumber(r.available > 0n ? r.available : 0n) },
+        },
       })
     }
     // An EIP-3009 authorization is signed while its reservation is being written (see Plan.prepare).
@@ -343,14 +347,12 @@ export class PaymentEngine {
     const harmless = (r: TxRecord): boolean => !r.authorization || (isEip3009(r.authorization) && r.authorization.signature === '')
     if (!rec || rec.status === 'rejected' || (rec.status === 'failed' && harmless(rec))) return undefined
     if (rec.status === 'pending' || rec.status === 'unknown') {
-      throw new PaygateError(
-        'unavailable',
-        'a request with this idempotencyKey was cut off by a restart while paying; its payment is being settled: retry later',
-        { transactionId: rec.id },
-        { 'retry-after': '5' },
-      )
+      throw new PaygateError('unavailable', 'a request with this idempotencyKey was cut off by a restart while paying; its payment is being settled: retry later', {
+        extra: { transactionId: rec.id },
+        headers: { 'retry-after': '5' },
+      })
     }
-    if (rec.status === 'failed') throw new PaygateError('payment_failed', rec.error ?? 'the payment failed', { transactionId: rec.id })
+    if (rec.status === 'failed') throw new PaygateError('payment_failed', rec.error ?? 'the payment failed', { extra: { transactionId: rec.id } })
     return rec
   }
 }

@@ -57,6 +57,12 @@ export const unreached = (e: PaygateError): boolean => e.code === 'upstream_unre
  */
 export const nothingSigned = (e: PaygateError): boolean => unreached(e) || (e.code === 'payment_protocol_error' && e.extra.transactionId === undefined)
 
+/** A first run's verdict: keep `keep` for replays (this call may get `live` instead), or answer `pass` to this call alone. */
+export type Attempt<T, L> = { keep: T; live?: L } | { pass: L }
+
+/** What a call under a key gets: the kept result (and this call's own `live` answer, if any), or an answer that was not kept. */
+export type Replayed<T, L> = { kept: T; live?: L } | { live: L }
+
 /**
  * Idempotency keys per agent, kept `ttlMs`. The same key with the same request returns
  * the stored result; a racing second call waits for the first; another request under the
@@ -77,12 +83,7 @@ export class Idempotency {
   /**
    * `fn`'s result must be plain JSON; a stored definite error is thrown again on replay.
    * `unpaid` picks the errors after which nothing can have been paid: they are not stored.
-   *
-   * A marker is stored (durably) before `fn` runs. Found by a later call, it means the run was
-   * cut off by a crash, its outcome unknown here: `recover(startedAt)` rebuilds the result
-   * from what was recorded (a payment's transaction), returns undefined when nothing of that
-   * run went out (then `fn` runs again), or throws (a definite error is stored as above).
-   * Without `recover`, `fn` runs again.
+   * See `attempt` for a run that may answer without keeping its result.
    */
   async run<T>(
     agentId: string,
@@ -92,15 +93,39 @@ export class Idempotency {
     unpaid: (e: PaygateError) => boolean = unreached,
     recover?: (startedAt: number) => Promise<T | undefined>,
   ): Promise<T> {
+    const out = await this.attempt<T, never>(agentId, key, hash, async () => ({ keep: await fn() }), unpaid, recover)
+    return (out as { kept: T }).kept
+  }
+
+  /**
+   * The one replay of the service (the proxy and `POST /v1/pay` both go through it). `fn` says
+   * in its returned value whether its result is kept: `{keep}` stores it for replays (with,
+   * optionally, a `live` answer for this call alone, such as a body streamed through), `{pass}`
+   * answers this call only and clears the key, so the next call runs again.
+   *
+   * A marker is stored (durably) before `fn` runs. Found by a later call, it means the run was
+   * cut off by a crash, its outcome unknown here: `recover(startedAt)` rebuilds the result
+   * from what was recorded (a payment's transaction), returns undefined when nothing of that
+   * run went out (then `fn` runs again), or throws (a definite error is stored as above).
+   * Without `recover`, `fn` runs again.
+   */
+  async attempt<T, L>(
+    agentId: string,
+    key: string,
+    hash: string,
+    fn: () => Promise<Attempt<T, L>>,
+    unpaid: (e: PaygateError) => boolean = unreached,
+    recover?: (startedAt: number) => Promise<T | undefined>,
+  ): Promise<Replayed<T, L>> {
     const k = `${agentId}\x00${key}`
     const running = this.inflight.get(k)
     if (running) {
       if (running.hash !== hash) throw new PaygateError('idempotency_conflict', 'this idempotencyKey is in use by a different request')
       await running.done.catch(() => undefined)
-      return this.run(agentId, key, hash, fn, unpaid, recover)
+      return this.attempt(agentId, key, hash, fn, unpaid, recover)
     }
     // Claim the key before the first await, so a racing call with the same key waits for this one.
-    const done = (async () => {
+    const done = (async (): Promise<Replayed<T, L>> => {
       const stored = await this.results.get(k)
       let interrupted: number | null = null
       if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
@@ -108,7 +133,7 @@ export class Idempotency {
         if (!stored.pending) {
           const err = clientError(stored.result)
           if (err) throw err
-          return stored.result as T
+          return { kept: stored.result as T }
         }
         interrupted = stored.createdAt
       }
@@ -118,13 +143,17 @@ export class Idempotency {
           const r = await recover(interrupted)
           if (r !== undefined) {
             await keep(r)
-            return r
+            return { kept: r }
           }
         }
         if (interrupted === null) await this.results.put(k, { hash, createdAt: this.clock.now(), result: null, pending: true })
         const r = await fn()
-        await keep(r)
-        return r
+        if ('pass' in r) {
+          await this.results.del(k)
+          return { live: r.pass }
+        }
+        await keep(r.keep)
+        return r.live === undefined ? { kept: r.keep } : { kept: r.keep, live: r.live }
       } catch (e) {
         // A definite answer is a result too: a rejection, or a failed payment (`payment_failed`:
         // a payment was attempted, it may yet settle and its reservation may still be held), so

@@ -36,6 +36,16 @@ export const ERROR_STATUS = {
 
 export type ErrorCode = keyof typeof ERROR_STATUS
 
+/** What an error carries besides its code and detail. */
+export interface PaygateErrorOptions {
+  /** Code-specific fields of the answer's body (`reason`, `field`, ...). */
+  extra?: Record<string, unknown>
+  /** Response headers that belong with this error (e.g. Retry-After, Allow). */
+  headers?: Record<string, string>
+  /** What went wrong underneath, for the log only (never in the answer). */
+  cause?: unknown
+}
+
 export class PaygateError extends Error {
   readonly code: ErrorCode
   readonly status: number
@@ -44,14 +54,8 @@ export class PaygateError extends Error {
   /** Response headers that belong with this error (e.g. Retry-After, Allow). */
   readonly headers: Record<string, string>
 
-  constructor(
-    code: ErrorCode,
-    detail: string,
-    extra: Record<string, unknown> = {},
-    headers: Record<string, string> = {},
-    /** What went wrong underneath, for the log only (never in the answer). */
-    cause?: unknown,
-  ) {
+  constructor(code: ErrorCode, detail: string, options: PaygateErrorOptions = {}) {
+    const { extra = {}, headers = {}, cause } = options
     super(`${code}: ${detail}`, cause === undefined ? undefined : { cause })
     this.name = 'PaygateError'
     this.code = code
@@ -72,13 +76,13 @@ export class RequestTimeoutError extends PaygateError {
   override readonly status = 408
 
   constructor(detail = 'the request was not received in time') {
-    super('invalid_request', detail, {}, { connection: 'close' })
+    super('invalid_request', detail, { headers: { connection: 'close' } })
   }
 }
 
 export const isPaygateError = (e: unknown): e is PaygateError => e instanceof PaygateError
 
-export const invalid = (field: string, detail: string): PaygateError => new PaygateError('invalid_request', detail, { field })
+export const invalid = (field: string, detail: string): PaygateError => new PaygateError('invalid_request', detail, { extra: { field } })
 
 export const notFound = (what: string): PaygateError => new PaygateError('not_found', `${what} does not exist`)
 
@@ -86,7 +90,7 @@ const isErrorCode = (c: string): c is ErrorCode => Object.hasOwn(ERROR_STATUS, c
 
 /** An error rebuilt from a code read back from storage; a code no longer known becomes `internal_error`. */
 export function storedError(code: string, detail: string, extra: Record<string, unknown> = {}): PaygateError {
-  return isErrorCode(code) ? new PaygateError(code, detail, extra) : toPaygateError(undefined)
+  return isErrorCode(code) ? new PaygateError(code, detail, { extra }) : toPaygateError(undefined)
 }
 
 /** Wrap anything thrown into a PaygateError without leaking internals to the caller. */

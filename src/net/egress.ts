@@ -109,7 +109,7 @@ export class EgressGuard {
     // A resolved address is named by its range only: the agent learns no internal DNS answer.
     const named = v.address !== undefined && v.reason !== 'own_listener' && v.reason !== 'metadata' && !parseIp(canonicalName(host))
     const why = `${named ? 'it resolves to an address' : 'it is'} ${WHY[v.reason](v.match)}`
-    return new PaygateError('egress_denied', `connections to ${authority(host, port)} are not allowed: ${why}`, { reason: v.reason })
+    return new PaygateError('egress_denied', `connections to ${authority(host, port)} are not allowed: ${why}`, { extra: { reason: v.reason } })
   }
 
   /**

@@ -12,7 +12,7 @@ class ProxyAuthError extends PaygateError {
   override readonly status = 407
 
   constructor() {
-    super('unauthorized', 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy', {}, { 'proxy-authenticate': 'Basic realm="paygate"' })
+    super('unauthorized', 'proxy credentials missing or wrong: use http://<agentId>:<agentKey>@proxy', { headers: { 'proxy-authenticate': 'Basic realm="paygate"' } })
   }
 }
 
@@ -45,7 +45,7 @@ export function sendError(to: Sink, e: PaygateError, close = false): Promise<voi
 
 /** A request-target the proxy does not serve (not absolute-form outside a tunnel). */
 export const notAbsolute = (example: string): PaygateError =>
-  new PaygateError('invalid_request', `this is a forward proxy: send absolute-form requests (${example}) or CONNECT`, { field: 'request-target' })
+  new PaygateError('invalid_request', `this is a forward proxy: send absolute-form requests (${example}) or CONNECT`, { extra: { field: 'request-target' } })
 
 /** A target that could not be reached, as the agent is told: the egress guard's refusal (403) as it is, anything else 502. */
 export const cannotReach = (e: Error): PaygateError => (isEgressDenied(e) ? e : unreachableError(e))

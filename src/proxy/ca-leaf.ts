@@ -87,7 +87,7 @@ export function parseHost(raw: string): Target {
   }
   if (h.endsWith('.')) h = h.slice(0, -1)
   if (h.length > 0 && h.length <= 253 && h.split('.').every((l) => LABEL_RE.test(l))) return { name: h, ip: null }
-  throw new PaygateError('invalid_request', `cannot issue a certificate for host ${JSON.stringify(raw.slice(0, 300))}`, { field: 'host' })
+  throw new PaygateError('invalid_request', `cannot issue a certificate for host ${JSON.stringify(raw.slice(0, 300))}`, { extra: { field: 'host' } })
 }
 
 /** The 16 bytes of a canonical (WHATWG URL) IPv6 text: hex groups, at most one `::`. */

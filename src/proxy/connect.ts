@@ -20,7 +20,7 @@ export async function onConnect(ctx: ProxyContext, authority: string, headers: I
   socket.on('error', () => socket.destroy())
   const target = splitAuthority(authority)
   if (!target) {
-    await sendError(socket, new PaygateError('invalid_request', `CONNECT needs host:port, got ${JSON.stringify(authority.slice(0, 300))}`, { field: 'request-target' }))
+    await sendError(socket, new PaygateError('invalid_request', `CONNECT needs host:port, got ${JSON.stringify(authority.slice(0, 300))}`, { extra: { field: 'request-target' } }))
     return
   }
   // Read before verifying: a revocation meanwhile makes the tunnel's first request check again.

@@ -1,6 +1,6 @@
 import { Readable } from 'node:stream'
 import type { PaymentEngine, PayOutcome, PayRequest } from '../engine/engine.js'
-import { requestDigest, type Idempotency } from '../engine/idempotency.js'
+import { type Attempt, requestDigest, type Idempotency } from '../engine/idempotency.js'
 import { errorRaw } from '../errors/http.js'
 import { PaygateError, storedError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
@@ -19,13 +19,6 @@ type Stored = {
   unpaid?: string
 }
 
-/**
- * Thrown out of an idempotent run whose answer cannot be kept and cost nothing: no result is
- * stored (not a PaygateError); the key's marker stays, and the next call with the key finds
- * no payment behind it and asks the target again.
- */
-class NotKept extends Error {}
-
 const toOutcome = (s: Stored): PayOutcome => {
   const out: PayOutcome = {
     response: { status: s.status, headers: s.headers, body: Readable.from([Buffer.from(s.body, 'base64')]) },
@@ -42,7 +35,7 @@ const paymentOf = (out: PayOutcome): Stored['payment'] =>
 
 /** A paid answer whose body is not kept: the payment, and a 502 error body saying why. */
 function withoutBody(payment: NonNullable<Stored['payment']>, status: number | null, code: 'upstream_body_lost' | 'upstream_body_too_large', detail: string): Stored {
-  const { headers, body } = errorRaw(new PaygateError(code, detail, { status, txHash: payment.txHash }))
+  const { headers, body } = errorRaw(new PaygateError(code, detail, { extra: { status, txHash: payment.txHash } }))
   return { status: 502, headers: { ...headers, 'content-length': String(body.length) } as Stored['headers'], body: body.toString('base64'), payment }
 }
 
@@ -60,31 +53,26 @@ export interface IdempotentDeps {
  * never pay again. A paid answer whose body broke off is kept the same way.
  */
 export async function idempotent(d: IdempotentDeps, agentId: string, key: string, p: PayRequest): Promise<PayOutcome> {
-  // This call's own answer, when its body was too large to keep: it streams through.
-  const live: { out?: PayOutcome } = {}
-  let stored: Stored
-  try {
-    // The request is its method, URL and body (and their type): headers an agent's HTTP stack
-    // adds per attempt (trace ids, retry counters) do not make a retry another request.
-    const contentType = p.headers['content-type']
-    const digest = requestDigest({ ...p, headers: contentType === undefined ? {} : { 'content-type': contentType } })
-    const recover = async (startedAt: number): Promise<Stored | undefined> => {
-      const rec = await d.engine.cutOff(agentId, key, startedAt)
-      if (!rec) return undefined
-      const payment = { txHash: rec.txHash!, amount: rec.amount, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin' }
-      return withoutBody(payment, rec.upstreamStatus ?? null, 'upstream_body_lost', "Paygate restarted before this request's answer was returned; the payment stands")
-    }
-    stored = await d.idempotency.run<Stored>(agentId, key, digest, () => payOnce(d, agentId, { ...p, idempotencyKey: key }, live), undefined, recover)
-  } catch (e) {
-    if (e instanceof NotKept && live.out) return live.out
-    live.out?.response.body.destroy()
-    throw e
+  // The request is its method, URL and body (and their type): headers an agent's HTTP stack
+  // adds per attempt (trace ids, retry counters) do not make a retry another request.
+  const contentType = p.headers['content-type']
+  const digest = requestDigest({ ...p, headers: contentType === undefined ? {} : { 'content-type': contentType } })
+  const recover = async (startedAt: number): Promise<Stored | undefined> => {
+    const rec = await d.engine.cutOff(agentId, key, startedAt)
+    if (!rec) return undefined
+    const payment = { txHash: rec.txHash!, amount: rec.amount, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin' }
+    return withoutBody(payment, rec.upstreamStatus ?? null, 'upstream_body_lost', "Paygate restarted before this request's answer was returned; the payment stands")
   }
-  return live.out ?? toOutcome(stored)
+  const out = await d.idempotency.attempt<Stored, PayOutcome>(agentId, key, digest, () => payOnce(d, agentId, { ...p, idempotencyKey: key }), undefined, recover)
+  return out.live ?? toOutcome((out as { kept: Stored }).kept)
 }
 
-/** The first call under a key: pay, and read the answer to keep it. */
-async function payOnce(d: IdempotentDeps, agentId: string, p: PayRequest, live: { out?: PayOutcome }): Promise<Stored> {
+/**
+ * The first call under a key: pay, and read the answer to keep it. An answer too large to keep
+ * streams through to this call: kept without its body when paid, not kept at all when it cost
+ * nothing (the next call under the key asks the target again).
+ */
+async function payOnce(d: IdempotentDeps, agentId: string, p: PayRequest): Promise<Attempt<Stored, PayOutcome>> {
   const out = await d.engine.pay(p)
   let read: { head: Buffer; rest: Readable | null }
   try {
@@ -93,24 +81,29 @@ async function payOnce(d: IdempotentDeps, agentId: string, p: PayRequest, live: 
     // Nothing paid: not stored (as any unreachable target), so the same key asks again.
     if (!out.payment) throw new PaygateError('upstream_unreachable', `the target's answer broke off before its end: ${(e as Error).message}`)
     d.log.warn({ err: (e as Error).message, agentId, txHash: out.payment.txHash }, 'a paid answer broke off while it was read')
-    return withoutBody(paymentOf(out)!, out.response.status, 'upstream_body_lost', `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`)
+    return {
+      keep: withoutBody(paymentOf(out)!, out.response.status, 'upstream_body_lost', `the target's ${out.response.status} answer to this paid request broke off before its end; the payment stands`),
+    }
   }
   if (read.rest) {
-    live.out = { ...out, response: { ...out.response, body: headThen(read.head, read.rest) } }
-    if (!out.payment) throw new NotKept()
-    return withoutBody(
+    const live = { ...out, response: { ...out.response, body: headThen(read.head, read.rest) } }
+    if (!out.payment) return { pass: live }
+    const kept = withoutBody(
       paymentOf(out)!,
       out.response.status,
       'upstream_body_too_large',
       `the target's ${out.response.status} answer to this paid request was delivered once, to the first call; its body exceeds the ${MAX_IDEMPOTENT_BODY} bytes kept for replays`,
     )
+    return { keep: kept, live }
   }
   return {
-    status: out.response.status,
-    headers: out.response.headers,
-    body: read.head.toString('base64'),
-    payment: paymentOf(out),
-    ...(out.session ? { session: true } : {}),
-    ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
+    keep: {
+      status: out.response.status,
+      headers: out.response.headers,
+      body: read.head.toString('base64'),
+      payment: paymentOf(out),
+      ...(out.session ? { session: true } : {}),
+      ...(out.unpaid ? { unpaid: out.unpaid.code } : {}),
+    },
   }
 }

@@ -40,7 +40,7 @@ export function tunnelPath(t: Tunnel, target: string): string | null {
 }
 
 export const tunnelTargetError = (t: Tunnel): PaygateError =>
-  new PaygateError('invalid_request', `inside a tunnel to ${t.authority}, send origin-form requests (/path) or absolute-form ones for that host and port`, { field: 'request-target' })
+  new PaygateError('invalid_request', `inside a tunnel to ${t.authority}, send origin-form requests (/path) or absolute-form ones for that host and port`, { extra: { field: 'request-target' } })
 
 export function hostMatches(list: readonly string[], host: string): boolean {
   return list.some((e) => e === host || (e.startsWith('*.') && host.endsWith(e.slice(1))))

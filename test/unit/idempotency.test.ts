@@ -44,9 +44,9 @@ t.test('idempotency keys: which errors are kept', async (t) => {
     ['the target down (pay route)', new PaygateError('upstream_unreachable', 'refused'), nothingSigned, 'runs again'],
     ['an unreadable 402 (pay route)', new PaygateError('payment_protocol_error', 'no known shape'), nothingSigned, 'runs again'],
     ['an unreadable 402 (default: the proxy may raise it after paying)', new PaygateError('payment_protocol_error', 'too large'), undefined, 'kept'],
-    ['a payment refused as malformed', new PaygateError('payment_protocol_error', 'malformed', { transactionId: 'tx_1' }), nothingSigned, 'kept'],
-    ['a failed payment (it may yet settle: never pay again)', new PaygateError('payment_failed', 'after 3 attempts', { transactionId: 'tx_2' }), nothingSigned, 'kept'],
-    ['a policy rejection', new PaygateError('policy_violation', 'blocked', { reason: 'domain_blocked' }), nothingSigned, 'kept'],
+    ['a payment refused as malformed', new PaygateError('payment_protocol_error', 'malformed', { extra: { transactionId: 'tx_1' } }), nothingSigned, 'kept'],
+    ['a failed payment (it may yet settle: never pay again)', new PaygateError('payment_failed', 'after 3 attempts', { extra: { transactionId: 'tx_2' } }), nothingSigned, 'kept'],
+    ['a policy rejection', new PaygateError('policy_violation', 'blocked', { extra: { reason: 'domain_blocked' } }), nothingSigned, 'kept'],
     ['an internal error', new PaygateError('internal_error', 'oops'), nothingSigned, 'runs again'],
     ['the chain silent', new PaygateError('unavailable', 'chain'), undefined, 'runs again'],
   ]

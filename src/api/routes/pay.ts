@@ -160,7 +160,7 @@ async function runPay(engine: PaymentEngine, p: PayBody): Promise<Reply> {
   // it still holds): the answer stands with `data: null` and why, and an idempotent replay
   // returns it, never paying again. A call that was only relayed is an error, free to retry.
   const accounted = out.payment !== null || out.session !== undefined || out.held !== undefined
-  if ('error' in read && !accounted) throw new PaygateError('upstream_unreachable', read.detail, { reason: read.error })
+  if ('error' in read && !accounted) throw new PaygateError('upstream_unreachable', read.detail, { extra: { reason: read.error } })
   const data = 'data' in read ? parseData(read.data, out.response.headers['content-type']) : null
   const pay = out.payment
   return {
