@@ -9,9 +9,19 @@ import type { BatchOp, Collection, Store } from '../store/index.js'
  * Status: `pending` (reserved, payment in flight), `paid`, `rejected` (policy, nothing
  * signed), `failed` (not paid; reservation released), `unknown` (signed and sent, outcome
  * not known yet: the reservation stays held until the reconciler settles it).
+ * An invocation root (`kind: 'invocation'`) is `open` while its sub-agent works, then `closed`,
+ * or `interrupted` when a restart found it open; it moves no money itself.
  */
-export type TxStatus = 'pending' | 'paid' | 'rejected' | 'failed' | 'unknown'
-export const TX_STATUSES: readonly TxStatus[] = ['pending', 'paid', 'rejected', 'failed', 'unknown']
+export type TxStatus = 'pending' | 'paid' | 'rejected' | 'failed' | 'unknown' | 'open' | 'closed' | 'interrupted'
+export const TX_STATUSES: readonly TxStatus[] = ['pending', 'paid', 'rejected', 'failed', 'unknown', 'open', 'closed', 'interrupted']
+
+/** Where a payment made inside an invocation belongs (metrics read it: delegated spend). */
+export interface TxInvocation {
+  /** The innermost open invocation the payment carried the token of. */
+  id: string
+  /** The orchestrators of every enclosing open invocation, outermost first. */
+  invokers: string[]
+}
 
 /** A signed EIP-3009 authorization: its nonce's state on chain tells whether it was paid. */
 export interface Eip3009Stored {
@@ -42,6 +52,10 @@ export const isEip3009 = (a: StoredAuthorization): a is Eip3009Stored => a.kind 
 
 export interface TxRecord {
   id: string
+  /** `invocation`: the root node of a sub-agent invocation (no payment); absent on payments. */
+  kind?: 'invocation'
+  /** On payments made inside an invocation (with its token). */
+  invocation?: TxInvocation
   agentId: string
   status: TxStatus
   createdAt: number
@@ -215,6 +229,7 @@ export class Transactions {
 export function txView(r: TxRecord): Record<string, unknown> {
   return {
     id: r.id,
+    ...(r.kind ? { kind: r.kind } : {}),
     timestamp: new Date(r.createdAt).toISOString(),
     agentId: r.agentId,
     status: r.status,
@@ -228,6 +243,7 @@ export function txView(r: TxRecord): Record<string, unknown> {
     txHash: r.txHash,
     parentTxHash: r.parentTxHash,
     depth: r.depth,
+    ...(r.invocation ? { invocationId: r.invocation.id } : {}),
     ...(r.reason ? { reason: r.reason } : {}),
     ...(r.detail ? { detail: r.detail } : {}),
     ...(r.error ? { error: r.error } : {}),

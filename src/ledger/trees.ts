@@ -14,16 +14,19 @@ export const MAX_DEPTH = 64
 export const MAX_TREE_NODES = 10_000
 
 const NODE_STATUSES: ReadonlySet<TxStatus> = new Set(['paid', 'unknown'])
-const paidAmount = (r: TxRecord): bigint => (r.status === 'paid' ? BigInt(r.amount) : 0n)
+/** Payments that moved money are nodes, and so are (nested) invocation roots, whatever their status. */
+const isNode = (r: TxRecord): boolean => r.kind === 'invocation' || NODE_STATUSES.has(r.status)
+const paidAmount = (r: TxRecord): bigint => (r.status === 'paid' && r.kind !== 'invocation' ? BigInt(r.amount) : 0n)
 
-/** The node as a chain or tree shows it. */
+/** The node as a chain or tree shows it: no protocol or endpoint at depth 0 nor on an invocation root. */
 function nodeView(r: TxRecord, depth: number): Record<string, unknown> {
   return {
     txHash: r.txHash,
     agentId: r.agentId,
     amountPaid: usdc(paidAmount(r)),
-    ...(depth > 0 ? { protocol: r.protocol, endpoint: r.endpoint } : {}),
+    ...(depth > 0 && r.kind !== 'invocation' ? { protocol: r.protocol, endpoint: r.endpoint } : {}),
     depth,
+    ...(r.kind ? { kind: r.kind } : {}),
   }
 }
 
@@ -73,7 +76,7 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
     for (const { rec: parent, node } of level) {
       if (!parent.txHash) continue
       for (const child of await transactions.children(parent.txHash)) {
-        if (!NODE_STATUSES.has(child.status)) continue
+        if (!isNode(child)) continue
         if (nodes >= MAX_TREE_NODES) {
           truncated = true
           break
@@ -81,7 +84,7 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
         nodes++
         agents.add(child.agentId)
         total += paidAmount(child)
-        if (child.status === 'paid') count++
+        if (child.status === 'paid' && child.kind !== 'invocation') count++
         const n: TreeNode = { view: { ...nodeView(child, depth), status: child.status }, children: [] }
         node.children.push(n)
         next.push({ rec: child, node: n })
