@@ -190,10 +190,15 @@ export class Transactions {
 
   /** The records hung under `txHash` (any status), oldest first. */
   async children(txHash: string): Promise<TxRecord[]> {
+    return (await this.getMany(await this.childIds(txHash))).filter((r): r is TxRecord => !!r)
+  }
+
+  /** The ids of the records hung under `txHash`, oldest first (the index alone). */
+  async childIds(txHash: string): Promise<string[]> {
     const prefix = `${txHash.toLowerCase()}\x00`
     const ids: string[] = []
     for await (const k of this.byParent.keys({ gte: prefix, lt: `${txHash.toLowerCase()}\x01` })) ids.push(k.slice(prefix.length))
-    return (await this.getMany(ids)).filter((r): r is TxRecord => !!r)
+    return ids
   }
 
   /**

@@ -69,14 +69,18 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
   let truncated = false
   const top: TreeNode = { view: { ...nodeView(root!, 0), status: root!.status }, children: [] }
   total += paidAmount(root!)
-  // Breadth first, one index read per node that can have children (a paid one: only those have a txHash).
+  // Breadth first, a level at a time: the index reads of a level's nodes run together (only a
+  // node with a txHash can have children), then their children's records are read in one getMany.
   let level: { rec: TxRecord; node: TreeNode }[] = [{ rec: root!, node: top }]
   for (let depth = 1; level.length && depth <= MAX_DEPTH; depth++) {
     const next: typeof level = []
-    for (const { rec: parent, node } of level) {
-      if (!parent.txHash) continue
-      for (const child of await transactions.children(parent.txHash)) {
-        if (!isNode(child)) continue
+    const ids = await Promise.all(level.map(({ rec }) => (rec.txHash ? transactions.childIds(rec.txHash) : Promise.resolve([]))))
+    const recs = await transactions.getMany(ids.flat())
+    let at = 0
+    for (const [i, { node }] of level.entries()) {
+      const mine = recs.slice(at, (at += ids[i]!.length))
+      for (const child of mine) {
+        if (!child || !isNode(child)) continue
         if (nodes >= MAX_TREE_NODES) {
           truncated = true
           break
