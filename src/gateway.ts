@@ -309,7 +309,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const ledger = await buildLedger(ctx, s)
     const egress = egressGuard(ctx, ledger.chain)
     const paying = buildEngine(ctx, ledger, egress, s)
-    const interrupted = await closeInterrupted(paying.invocations, paying.runner)
+    const interrupted = await closeInterrupted(paying.invocations, paying.runner, ledger.transactions)
     if (interrupted) ctx.log.warn({ invocations: interrupted }, 'closed invocations left open by the last run as interrupted')
     const { router, api } = buildApi(ctx, ledger, paying)
     s.api = api

@@ -1,3 +1,4 @@
+import type { Transactions } from '../ledger/transactions.js'
 import type { InvocationBook } from '../policy/invocations.js'
 import type { InvocationRunner } from './runner.js'
 
@@ -8,9 +9,14 @@ import type { InvocationRunner } from './runner.js'
  * still unknown keeps its own hold in its payer's usage until the reconciler settles it.
  * Returns how many were closed.
  */
-export async function closeInterrupted(book: InvocationBook, runner: InvocationRunner): Promise<number> {
+export async function closeInterrupted(book: InvocationBook, runner: InvocationRunner, transactions: Transactions): Promise<number> {
   const left = await book.leftOpen()
   for (const rec of left) book.adopt(rec)
+  // Pinned at once: the outbox may confirm their ledger records while they are being closed.
+  for (const rec of left) {
+    const root = await transactions.get(rec.rootTxId)
+    if (root) transactions.pin(transactions.liveRecord(root.id) ?? root)
+  }
   const ids = new Set(left.map((r) => r.id))
   // The outermost ones: closing them closes what is nested under them.
   for (const rec of left) if (!rec.parentId || !ids.has(rec.parentId)) await runner.close(rec.id, 'interrupted')

@@ -142,7 +142,9 @@ export class InvocationRunner {
       const usageOps = capHold ? [this.d.policies.usageOp(agentId, hold(usage, { id: capHoldId(id), amount: cap.toString(), at: now, cap: true }))] : []
       const pending = this.d.outbox.record(entry, rootTxId, (hash) => {
         opened = { ...base, rootTxHash: hash, capHold }
-        return [...this.d.transactions.ops({ ...root, txHash: hash }), ...this.d.book.opened(opened), ...parentOps, ...usageOps]
+        const rootRec: TxRecord = { ...root, txHash: hash, ledger: { status: 'queued' } }
+        this.d.transactions.pin(rootRec)
+        return [...this.d.transactions.ops(rootRec), ...this.d.book.opened(opened), ...parentOps, ...usageOps]
       })
       return { ops: [], result: outcome(pending) }
     })
@@ -200,10 +202,11 @@ export class InvocationRunner {
     const roots = new Map<string, TxRecord | undefined>()
     const { result, written } = await this.d.engine.recorder.usage(open.agentId, async (usage) => {
       // The roots are read first: the close itself must be one synchronous step.
-      for (const r of this.d.book.openTree(id)) roots.set(r.rootTxId, await this.d.transactions.get(r.rootTxId))
+      for (const r of this.d.book.openTree(id)) roots.set(r.rootTxId, this.d.transactions.liveRecord(r.rootTxId) ?? (await this.d.transactions.get(r.rootTxId)))
       const { closed, ops } = this.d.book.close(id, status, now)
       for (const c of closed) {
-        const prev = roots.get(c.rootTxId)
+        // Pinned since it opened: its newest state, whatever the outbox wrote meanwhile.
+        const prev = this.d.transactions.liveRecord(c.rootTxId) ?? roots.get(c.rootTxId)
         if (prev) ops.push(...this.d.transactions.ops({ ...prev, status, updatedAt: now }, prev))
       }
       const top = closed[0]!

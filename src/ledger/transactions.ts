@@ -106,6 +106,13 @@ export class Transactions {
   private readonly byHash: Collection<string>
   /** `<parentTxHash>\0<id>`: the children of a node, read without a scan (cost trees). */
   private readonly byParent: Collection<string>
+  /**
+   * Records that still change after they are written with their ledger hash (an invocation
+   * root: closed later, while the outbox confirms its ledger record), kept here until both
+   * are done, so every write of them starts from the newest state instead of a read that
+   * another write may have overtaken.
+   */
+  private readonly live = new Map<string, TxRecord>()
 
   constructor(private readonly store: Store) {
     this.records = store.collection('tx')
@@ -118,6 +125,11 @@ export class Transactions {
 
   /** Batch ops that write `next` (replacing `prev`) with its index entries. */
   ops(next: TxRecord, prev?: TxRecord): BatchOp[] {
+    if (this.live.has(next.id)) {
+      const settled = next.status !== 'open' && next.ledger !== undefined && next.ledger.status !== 'queued'
+      if (settled) this.live.delete(next.id)
+      else this.live.set(next.id, next)
+    }
     const ops: BatchOp[] = [{ type: 'put', coll: this.records, key: next.id, value: next }]
     if (!prev) ops.push({ type: 'put', coll: this.byAgent, key: `${next.agentId}\x00${next.id}`, value: '' })
     if (!prev && next.parentTxHash) ops.push({ type: 'put', coll: this.byParent, key: `${next.parentTxHash.toLowerCase()}\x00${next.id}`, value: '' })
@@ -131,6 +143,16 @@ export class Transactions {
     }
     if (next.txHash && next.txHash !== prev?.txHash) ops.push({ type: 'put', coll: this.byHash, key: next.txHash.toLowerCase(), value: next.id })
     return ops
+  }
+
+  /** Keep `rec` as the newest state of its record until it is closed and its ledger record confirmed (see `live`). */
+  pin(rec: TxRecord): void {
+    this.live.set(rec.id, rec)
+  }
+
+  /** The newest state of a pinned record (undefined when it is not pinned). */
+  liveRecord(id: string): TxRecord | undefined {
+    return this.live.get(id)
   }
 
   async put(next: TxRecord, prev?: TxRecord): Promise<void> {

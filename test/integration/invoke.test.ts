@@ -1,4 +1,6 @@
 import t from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import type { Hex } from 'viem'
 import { startTestGateway } from '../helpers/gateway.js'
 import { testChain } from '../helpers/gateway.js'
@@ -92,6 +94,22 @@ t.test('the cap is hit mid-task: the sub-agent sees budget_exceeded, the merchan
   // X-Paygate-* inside /v1/pay's headers field is refused.
   const smuggled = await gw.api('POST', '/v1/pay', { key: subKey, body: { agentId: 'sub', endpoint: paid, headers: { 'X-Paygate-Invocation': token } } })
   t.same([smuggled.status, smuggled.body.field], [400, 'headers.X-Paygate-Invocation'])
+})
+
+t.test('X-Paygate-Invocation is removed before a proxied request leaves Paygate', async (t) => {
+  const seen: (string | undefined)[] = []
+  const echo = createServer((req, res) => {
+    seen.push(req.headers['x-paygate-invocation'] as string | undefined)
+    res.end('ok')
+  })
+  await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r))
+  t.teardown(() => new Promise<void>((r) => echo.close(() => r())))
+  const target = `http://127.0.0.1:${(echo.address() as AddressInfo).port}/free`
+  const s = await subAgent('sub', subKey, async (c) => (await c.proxyGet(target)).status)
+  const r = await invoke({ agentEndpoint: s.url, task: {}, budget: { usdc: 0.01 } })
+  t.same([r.status, r.body.output], [200, 200], r.text)
+  t.same(seen, [undefined], 'the target never sees the token')
+  t.equal(typeof s.calls[0]!.token, 'string', 'while the sub-agent got it')
 })
 
 t.test('a foreign parent with an open token is 400; a made-up token is budget_exceeded', async (t) => {

@@ -64,7 +64,8 @@ t.test('an invocation cut off by SIGKILL is interrupted at the next start; its h
   t.equal(await first.stop('SIGKILL'), 'SIGKILL')
   await cut
 
-  const second = await spawnGateway(env)
+  // The next start waits 1 s at most for a sub-agent's answer.
+  const second = await spawnGateway({ ...env, PAYGATE_INVOKE_TIMEOUT_MS: '1000' })
   t.teardown(() => second.stop('SIGKILL'))
   t.ok(
     second.stdout.some((l) => l.includes('interrupted')),
@@ -96,4 +97,14 @@ t.test('an invocation cut off by SIGKILL is interrupted at the next start; its h
   })
   const body = (await whole.json()) as { output: unknown }
   t.same([whole.status, body.output], [200, 'fine'])
+  // A sub-agent that does not answer within invoke.timeoutMs: 504 sub_agent_failed.
+  const slow = await startSubAgent({ apiUrl: second.url, proxyUrl: 'http://127.0.0.1:1', agentId: 'sub', agentKey: acct, work: () => new Promise(() => {}) })
+  t.teardown(() => slow.close())
+  const late504 = await fetch(`${second.url}/v1/agents/invoke`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${acct}`, 'content-type': 'application/json', 'x-agent-id': 'orch' },
+    body: JSON.stringify({ agentEndpoint: slow.url, task: 'slow', budget: { usdc: 0.1 } }),
+  })
+  const lateBody = (await late504.json()) as { error: string; upstreamStatus: unknown; totalCost: unknown }
+  t.same([late504.status, lateBody.error, lateBody.upstreamStatus, lateBody.totalCost], [504, 'sub_agent_failed', null, { usdc: 0 }])
 })

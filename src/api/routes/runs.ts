@@ -23,9 +23,9 @@ export function invocationView(r: InvocationRecord): Record<string, unknown> {
   }
 }
 
-/** The `agentId` query parameter (required); an agent key may name only its own agent. */
+/** The `agentId` query parameter (required with the account key; an agent key's own agent by default, and only that). */
 function agentOf(ctx: RouteCtx): string {
-  const q = ctx.url.searchParams.get('agentId')
+  const q = ctx.url.searchParams.get('agentId') ?? (ctx.identity?.kind === 'agent' ? ctx.identity.agentId : null)
   if (q === null) throw invalid('agentId', 'the agentId query parameter (the orchestrator) is required')
   const agentId = validateAgentId(q)
   if (ctx.identity?.kind === 'agent' && ctx.identity.agentId !== agentId) throw new PaygateError('forbidden', "an agent key may only read its own agent's runs")
