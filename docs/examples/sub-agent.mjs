@@ -23,7 +23,7 @@ async function payInside(token, endpoint) {
 createServer(async (req, res) => {
   const chunks = []
   for await (const c of req) chunks.push(c)
-  const { task } = JSON.parse(Buffer.concat(chunks).toString() || '{}')
+  const { task = {} } = JSON.parse(Buffer.concat(chunks).toString() || '{}')
   const token = req.headers['x-paygate-invocation']
   const remaining = req.headers['x-paygate-budget-remaining']
   try {
