@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url'
 import { benchPay } from './pay.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
+import { benchTree } from './tree.js'
 
 /** The devnet soak runs in its own process, so its memory figures are its own. */
 function benchDevnet(): Promise<void> {
@@ -20,6 +21,7 @@ const benches: Record<string, () => Promise<void>> = {
   proxy: () => benchProxy({ count: 30_000, maxMs: 10_000 }),
   peers: () => benchPeers(5, 4),
   devnet: benchDevnet,
+  tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
 }
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))

@@ -13,6 +13,11 @@ import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
 import { payRoutes } from './api/routes/pay.js'
 import { transactionRoutes } from './api/routes/transactions.js'
+import { invokeRoutes } from './api/routes/invoke.js'
+import { runRoutes } from './api/routes/runs.js'
+import { InvocationRunner } from './invoke/runner.js'
+import { closeInterrupted } from './invoke/recover.js'
+import { InvocationBook } from './policy/invocations.js'
 import { LedgerWriter } from './chain/ledger-tx.js'
 import { PaymentEngine } from './engine/engine.js'
 import { MppAdapter, type MppSettings } from './engine/adapters/mpp.js'
@@ -227,6 +232,9 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const upstream = (s.upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs))
   const events = new EventBus()
   const hooks = new RecordHooks()
+  // Invocation caps follow their payments' records in the same writes.
+  const invocations = new InvocationBook(l.store)
+  hooks.add(invocations.contributor)
   const rails = railsOf(config, opts)
   const settings = mppSettings(config)
   const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)
@@ -234,19 +242,24 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
   const engine = new PaymentEngine({
     ...{ store: l.store, registry: l.registry, policies: l.policies, wallets: l.walletStore, chain: l.chain, upstream, transactions: l.transactions, outbox: l.outbox, events, hooks, clock, log },
-    ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment },
+    ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment, invocations },
+  })
+  const runner = new InvocationRunner({
+    ...{ engine, book: invocations, registry: l.registry, policies: l.policies, wallets: l.walletStore, transactions: l.transactions, outbox: l.outbox },
+    ...{ clock, timeoutMs: config.invoke.timeoutMs },
   })
   const reconciler = (s.reconciler = new Reconciler(engine, l.chain, l.transactions, clock, log))
   reconciler.start()
   const idempotency = new Idempotency(l.store, clock, config.pay.idempotencyTtlHours * 3_600_000)
   s.stopSweeping = idempotency.startSweeping()
-  return { upstream, events, hooks, engine, reconciler, idempotency }
+  return { upstream, events, hooks, engine, reconciler, idempotency, invocations, runner }
 }
 type Paying = ReturnType<typeof buildEngine>
 
 /** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
 function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
   const router = new Router().add(
+    ...invokeRoutes(p.runner, p.invocations, p.idempotency),
     ...healthRoutes([
       { name: 'store', check: async () => l.store.status === 'open' && l.store.applyError === undefined },
       { name: 'chain', check: async () => (await l.chain.blockNumber()) >= 0n },
@@ -256,6 +269,7 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     ...walletRoutes(l.wallets, l.chain),
     ...payRoutes(p.engine, p.idempotency),
     ...transactionRoutes(l.transactions),
+    ...runRoutes(p.invocations),
   )
   const api = createApiServer({
     router,
@@ -295,6 +309,8 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const ledger = await buildLedger(ctx, s)
     const egress = egressGuard(ctx, ledger.chain)
     const paying = buildEngine(ctx, ledger, egress, s)
+    const interrupted = await closeInterrupted(paying.invocations, paying.runner, ledger.transactions)
+    if (interrupted) ctx.log.warn({ invocations: interrupted }, 'closed invocations left open by the last run as interrupted')
     const { router, api } = buildApi(ctx, ledger, paying)
     s.api = api
     const ca = await CertificateAuthority.load(config.certsDir)

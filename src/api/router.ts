@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http'
 import type { Identity } from '../agents/registry.js'
 import { PaygateError } from '../errors/index.js'
 
@@ -19,6 +20,8 @@ export interface RouteCtx {
   url: URL
   params: Record<string, string>
   identity: Identity | null
+  /** The request's headers (lower-case names). */
+  headers: IncomingHttpHeaders
   /** The parsed JSON body (`{}` when empty). */
   body(): Promise<unknown>
 }

@@ -107,6 +107,7 @@ async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen,
     url,
     params,
     identity: seen.identity,
+    headers: req.headers,
     body: () => (parsed ??= bodyWithin(flight, () => readJsonBody(req, maxBodyBytes, route.maxJsonDepth))),
   })
 }

@@ -179,6 +179,13 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'faucet.usdc', kind: 'amount', doc: 'Embedded chain only (dev faucet): USDC minted to each new wallet and per `POST /v1/wallets/<id>/faucet`.' },
   { path: 'faucet.gasEth', kind: 'amount', doc: 'Embedded chain only (dev faucet): native gas balance (ETH) given to each new wallet.' },
   { path: 'pay.timeoutMs', kind: 'int', min: 100, max: 600_000, doc: 'How long one attempt at the target may take (response headers and each body chunk) before it counts as a transient failure.' },
+  {
+    path: 'invoke.timeoutMs',
+    kind: 'int',
+    min: 100,
+    max: 3_600_000,
+    doc: "How long `POST /v1/agents/invoke` waits for the sub-agent's answer (headers, then each body chunk) before it answers 504 `sub_agent_failed`.",
+  },
   { path: 'pay.idempotencyTtlHours', kind: 'int', min: 1, max: 24 * 30, doc: 'How long an idempotency key and its stored result are kept, per agent.' },
   {
     path: 'pay.maxAuthorizationSeconds',

@@ -48,6 +48,7 @@ export interface Config {
   /** Dev faucet amounts as decimal strings (USDC, ETH). */
   faucet: { usdc: string; gasEth: string }
   pay: { timeoutMs: number; idempotencyTtlHours: number; maxAuthorizationSeconds: number }
+  invoke: { timeoutMs: number }
   mpp: {
     methods: Record<string, string>
     rates: Record<string, string>

@@ -10,6 +10,7 @@ import { decide, domainPermitted } from '../policy/decide.js'
 import { domainOf } from '../policy/domains.js'
 import type { ProtocolPreference, StoredPolicy } from '../policy/model.js'
 import type { PolicyStore } from '../policy/store.js'
+import type { InvocationBook, InvocationContext } from '../policy/invocations.js'
 import { countSessionCall } from '../policy/usage.js'
 import { SESSION_HEADER } from '../protocols/mpp.js'
 import type { HttpAnswer, PayableChain } from '../protocols/types.js'
@@ -55,6 +56,8 @@ export interface EngineDeps {
   mpp: MppAdapter
   /** `Accept-Payment` sent with each request that does not carry one (what Paygate can pay). */
   acceptPayment?: string
+  /** Open invocations and their caps (payments with an `X-Paygate-Invocation` token). */
+  invocations?: InvocationBook
 }
 
 const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({})
@@ -90,7 +93,14 @@ export class PaymentEngine {
     this.aheadSigner = new AheadSigner({ policies: d.policies, wallets: d.wallets, clock: d.clock, busy: () => this.leases.size > 0 })
     this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed') })
     this.recorder = new Recorder({ store: d.store, policies: d.policies, transactions: d.transactions, outbox: d.outbox, events: d.events, hooks: d.hooks, clock: d.clock, balances: this.balances })
-    this.reserveDeps = { policies: d.policies, balances: this.balances, recorder: this.recorder, aheadSigner: this.aheadSigner, leases: this.leases }
+    this.reserveDeps = {
+      policies: d.policies,
+      balances: this.balances,
+      recorder: this.recorder,
+      aheadSigner: this.aheadSigner,
+      leases: this.leases,
+      ...(d.invocations ? { invocations: d.invocations } : {}),
+    }
     this.deliverDeps = { chain: d.chain, outbox: d.outbox, recorder: this.recorder, leases: this.leases, events: d.events, clock: d.clock, bodyTimeoutMs: d.upstream.timeoutMs }
   }
 
@@ -139,31 +149,48 @@ export class PaymentEngine {
   private async begin(request: PayRequest): Promise<PayStart> {
     const { agentId } = request
     await this.d.registry.requireAgent(agentId)
-    const parent = request.parentTxHash ? await this.parentOf(request.parentTxHash, agentId) : null
+    const joined = request.invocation !== undefined ? await this.joinInvocation(request.invocation, request.parentTxHash) : null
+    const parent = joined ? joined.parent : request.parentTxHash ? await this.parentOf(request.parentTxHash, agentId) : null
     const policy = await this.d.policies.policyOf(agentId)
-    return this.started(request, parent, policy, await this.d.mpp.session(agentId, request.url, request.origin))
+    return this.started(request, parent, policy, await this.d.mpp.session(agentId, request.url, request.origin), joined?.invocation ?? null)
+  }
+
+  /**
+   * A payment carrying an invocation's token: the invocation must be open (else 402
+   * `budget_exceeded`), and a `parentTxHash` must be its root or one of its payments (else 400).
+   * Without one, the payment hangs under the invocation's root.
+   */
+  private async joinInvocation(token: string, parentTxHash: string | undefined): Promise<{ invocation: InvocationContext; parent: TxRecord }> {
+    const book = this.d.invocations
+    if (!book) throw new PaygateError('budget_exceeded', 'the X-Paygate-Invocation token is not one of an open invocation')
+    const inv = await book.resolve(token)
+    const parent = parentTxHash ? await this.d.transactions.find(parentTxHash) : await this.d.transactions.get(inv.rootTxId)
+    if (!parent?.txHash || !(parent.id === inv.rootTxId || parent.invocation?.id === inv.id)) {
+      throw new PaygateError('invalid_request', `parentTxHash ${parentTxHash} is not a node of the invocation this token belongs to`, { extra: { field: 'parentTxHash' } })
+    }
+    return { invocation: book.context(inv), parent }
   }
 
   /** `begin` from memory alone, or null when a lookup would need the store (then call `begin`). */
   private beginCached(request: PayRequest): PayStart | null {
     const { agentId } = request
-    if (request.parentTxHash || !this.d.registry.cachedAgent(agentId)) return null
+    if (request.parentTxHash || request.invocation !== undefined || !this.d.registry.cachedAgent(agentId)) return null
     const policy = this.d.policies.cachedPolicy(agentId)
     const session = policy && this.d.mpp.cachedSession(agentId, request.url, request.origin)
     return policy && session !== undefined ? this.started(request, null, policy, session) : null
   }
 
-  private started(request: PayRequest, parent: TxRecord | null, policy: StoredPolicy, found: MppSession | null): PayStart {
+  private started(request: PayRequest, parent: TxRecord | null, policy: StoredPolicy, found: MppSession | null, invocation: InvocationContext | null = null): PayStart {
     let req = request
     // A valid MPP session with this service is sent along: no payment if the target takes it.
     const session = found && domainPermitted(policy, domainOf(req.url)) ? found : null
     if (this.d.acceptPayment && req.headers['accept-payment'] === undefined) req = { ...req, headers: { ...req.headers, 'accept-payment': this.d.acceptPayment } }
-    return { req, parent, policy, session, firstHeaders: session ? { [SESSION_HEADER]: session.token } : NO_HEADERS }
+    return { req, parent, policy, session, firstHeaders: session ? { [SESSION_HEADER]: session.token } : NO_HEADERS, invocation }
   }
 
   /** Everything after the first send: session accounting, offers, policy, payment. */
   private async resume(start: PayStart, firstAnswer: UpstreamResponse): Promise<PayOutcome> {
-    const { req, parent, policy, session } = start
+    const { req, policy, session } = start
     const { agentId } = req
     let first = firstAnswer
     if (session) {
@@ -192,7 +219,7 @@ export class PaymentEngine {
     }
     got.drop()
     const { plan } = picked
-    if (!plan.sellsSession) return this.payPlan(req, plan, parent)
+    if (!plan.sellsSession) return this.payPlan(req, plan, start)
 
     // One negotiation per agent and service: concurrent first calls, and concurrent calls
     // whose session was refused, wait here and then ride on the session the first one bought.
@@ -204,7 +231,7 @@ export class PaymentEngine {
         res.body.resume()
         await this.d.mpp.dropSession(agentId, req.url, bought.token)
       }
-      return this.payPlan(req, plan, parent)
+      return this.payPlan(req, plan, start)
     })
   }
 
@@ -214,16 +241,22 @@ export class PaymentEngine {
     return choosePlan(found, pref, mayRefetch)
   }
 
-  /** A payment hangs only under the paying agent's own transactions: another agent's tree is not its to grow. */
+  /**
+   * A payment hangs only under the paying agent's own transactions: another agent's tree is not
+   * its to grow; and an invocation's tree grows only with that invocation's open token.
+   */
   private async parentOf(hash: string, agentId: string): Promise<TxRecord> {
     const p = await this.d.transactions.find(hash)
     if (!p?.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { extra: { field: 'parentTxHash' } })
+    if (p.kind === 'invocation' || p.invocation) {
+      throw new PaygateError('budget_exceeded', `parentTxHash ${hash} is in an invocation's tree: only a payment with that invocation's open X-Paygate-Invocation token joins it`)
+    }
     if (p.agentId !== agentId) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a transaction of agent ${agentId}`, { extra: { field: 'parentTxHash' } })
     return p
   }
 
   private sendOrUnreachable(req: PayRequest, extra: Record<string, string>): Promise<UpstreamResponse> {
-    return this.d.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...extra }, body: req.body }).catch(unreachable)
+    return this.d.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...extra }, body: req.body, timeoutMs: req.timeoutMs }).catch(unreachable)
   }
 
   /** A call the target served under an MPP session: no payment, counted in the agent's usage. */
@@ -234,9 +267,9 @@ export class PaymentEngine {
     return { response, payment: null, session: { protocol: 'mpp' } }
   }
 
-  private payPlan(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {
+  private payPlan(req: PayRequest, plan: Plan, start: Pick<PayStart, 'parent' | 'invocation'>): Promise<PayOutcome> {
     const nonce = plan.fixedNonce
-    if (!nonce) return this.payNow(req, plan, parent)
+    if (!nonce) return this.payNow(req, plan, start)
     // The offer fixes the authorization's nonce (MPP evm/charge binds it to the challenge), so
     // it can be paid once, ever: payments of one nonce take turns, and a nonce already used on
     // chain, or held by a transaction whose outcome is still open, is not signed again (else the
@@ -245,7 +278,7 @@ export class PaymentEngine {
       // The policy has its say first (a rejection needs no chain); payNow decides again, under the agent's lock.
       const [policy, usage] = await Promise.all([this.d.policies.policyOf(req.agentId), this.d.policies.usageOf(req.agentId)])
       const wallet = await this.d.wallets.get(req.agentId)
-      if (!wallet || !decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, this.d.clock.now()).ok) return this.payNow(req, plan, parent)
+      if (!wallet || !decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, this.d.clock.now()).ok) return this.payNow(req, plan, start)
       const from = wallet.address.toLowerCase()
       const same = (r: TxRecord): boolean => !!r.authorization && isEip3009(r.authorization) && r.authorization.nonce === nonce && r.authorization.from.toLowerCase() === from
       for (const status of ['pending', 'unknown'] as const) {
@@ -260,13 +293,14 @@ export class PaymentEngine {
       if (await this.d.chain.authorizationUsed(wallet.address, nonce).catch((e: unknown) => chainSilent(e))) {
         throw new PaygateError('no_payable_offer', `the target's challenge was paid before (its authorization nonce ${nonce} is used on chain); a challenge is never paid twice`)
       }
-      return this.payNow(req, plan, parent)
+      return this.payNow(req, plan, start)
     })
   }
 
   /** Reserve (reserve.ts), sign, then deliver (deliver.ts); the lease keeps the reconciler away meanwhile. */
-  private async payNow(req: PayRequest, plan: Plan, parent: TxRecord | null): Promise<PayOutcome> {
+  private async payNow(req: PayRequest, plan: Plan, start: Pick<PayStart, 'parent' | 'invocation'>): Promise<PayOutcome> {
     const { agentId } = req
+    const { parent, invocation } = start
     const now = this.d.clock.now()
     const base: TxRecord = {
       id: newTxId(now),
@@ -285,12 +319,14 @@ export class PaymentEngine {
       depth: parent ? parent.depth + 1 : 0,
       offer: plan.offer,
       ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
+      ...(invocation ? { invocation: { id: invocation.id, invokers: invocation.invokers } } : {}),
     }
     this.aheadSigner.planned(agentId, req.url, plan)
-    const { reservation: r, written } = await reserve(this.reserveDeps, req, plan, base, outcome(this.d.wallets.signer(agentId)))
+    const { reservation: r, written } = await reserve(this.reserveDeps, req, plan, base, outcome(this.d.wallets.signer(agentId)), invocation ?? null)
     if (r.kind !== 'reserved') {
       const w = await written
       if (!w.ok) throw w.error
+      if (r.kind === 'rejected' && r.reason === 'budget_exceeded') throw new PaygateError('budget_exceeded', r.detail, { extra: { transactionId: base.id } })
       if (r.kind === 'rejected') {
         this.d.events.emit('policy.violation', { agentId, timestamp: new Date(now).toISOString(), reason: r.reason, detail: r.detail, endpoint: base.endpoint, transactionId: base.id })
         throw new PaygateError('policy_violation', r.detail, { extra: { reason: r.reason } })

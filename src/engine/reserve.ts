@@ -4,7 +4,9 @@ import type { StoredAuthorization, TxRecord } from '../ledger/transactions.js'
 import { decide } from '../policy/decide.js'
 import { domainOf } from '../policy/domains.js'
 import type { PolicyStore } from '../policy/store.js'
-import { heldAmount, hold } from '../policy/usage.js'
+import type { InvocationBook, InvocationContext } from '../policy/invocations.js'
+import { capHoldId, coveredByCap, hold, holdDrawn, paymentHeldAmount, type UsageState } from '../policy/usage.js'
+import type { BatchOp } from '../store/index.js'
 import type { Result } from '../util/result.js'
 import type { PayRequest, Plan, SigningWallet } from './adapters/types.js'
 import type { Balances } from './balances.js'
@@ -18,6 +20,7 @@ export interface ReserveDeps {
   recorder: Recorder
   aheadSigner: AheadSigner
   leases: Leases
+  invocations?: InvocationBook
 }
 
 type Prepared = { unsigned: StoredAuthorization; sign(): StoredAuthorization }
@@ -36,16 +39,30 @@ export type Reservation =
  * lock (writes land in call order) and awaited by the caller after it (`written`), so the
  * agent's next payment can be decided while this one is written.
  */
-export async function reserve(d: ReserveDeps, req: PayRequest, plan: Plan, base: TxRecord, wallet: Promise<Result<FastSigner>>): Promise<{ reservation: Reservation; written: Promise<Result<void>> }> {
+export async function reserve(
+  d: ReserveDeps,
+  req: PayRequest,
+  plan: Plan,
+  base: TxRecord,
+  wallet: Promise<Result<FastSigner>>,
+  inv: InvocationContext | null = null,
+): Promise<{ reservation: Reservation; written: Promise<Result<void>> }> {
   const { agentId } = req
   const now = base.createdAt
+  // The orchestrator paying inside its own invocation draws on the invocation's cap hold: its daily budget counts that once.
+  const capId = inv?.capHold && inv.orchestrator === agentId ? capHoldId(inv.id) : null
+  const refuse = (reason: string, detail: string) => {
+    const rejected: TxRecord = { ...base, status: 'rejected', reason, detail }
+    return { ops: d.recorder.ops({ kind: 'rejected', record: rejected }), result: { kind: 'rejected', reason, detail } as Reservation }
+  }
   const { result, written } = await d.recorder.usage<Reservation>(agentId, async (usage) => {
     const policy = await d.policies.policyOf(agentId)
-    const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, now)
-    if (!decision.ok) {
-      const rejected: TxRecord = { ...base, status: 'rejected', reason: decision.reason, detail: decision.detail }
-      return { ops: d.recorder.ops({ kind: 'rejected', record: rejected }), result: { kind: 'rejected', reason: decision.reason, detail: decision.detail } }
-    }
+    const covered = capId ? coveredByCap(usage, capId, plan.amount) : 0n
+    const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount, covered }, now)
+    if (!decision.ok) return refuse(decision.reason, decision.detail)
+    // Then the innermost invocation's cap (checked again, and taken, once funds are known).
+    const fit = inv && d.invocations ? d.invocations.fits(inv.id, plan.amount) : { ok: true as const }
+    if (!fit.ok) return refuse('budget_exceeded', fit.detail)
     // The wallet was looked up alongside; a missing one is reported only now, after the policy had its say.
     const found = await wallet
     if (!found.ok) throw found.error
@@ -53,7 +70,7 @@ export async function reserve(d: ReserveDeps, req: PayRequest, plan: Plan, base:
     const signing: SigningWallet = { address: signer.address, signDigest: (digest: `0x${string}`) => signer.signDigest65(digest) }
     if (plan.fromWallet) {
       // Funds: the on-chain balance less what other in-flight payments have reserved.
-      const held = heldAmount(usage)
+      const held = paymentHeldAmount(usage)
       const balance = await d.balances.balance(signer.address, plan.amount, held)
       const available = balance - held
       if (available < plan.amount) {
@@ -67,7 +84,18 @@ export async function reserve(d: ReserveDeps, req: PayRequest, plan: Plan, base:
     const rec: TxRecord = { ...base, ...(authorization ? { authorization } : {}) }
     // Leased before it can be seen on disk: the reconciler leaves it alone.
     d.leases.take(base.id)
-    const ops = d.recorder.ops({ kind: 'reserved', record: rec }, [d.policies.usageOp(agentId, hold(usage, { id: base.id, amount: base.amount, at: now }))])
+    let capOps: BatchOp[] = []
+    if (inv && d.invocations) {
+      const taken = d.invocations.holdPayment(inv.id, base.id, plan.amount)
+      if (!taken) {
+        d.leases.drop(base.id)
+        const again = d.invocations.fits(inv.id, plan.amount)
+        return refuse('budget_exceeded', again.ok ? 'invocation closed' : again.detail)
+      }
+      capOps = taken
+    }
+    const held: UsageState = capId ? holdDrawn(usage, { id: base.id, amount: base.amount, at: now }, capId) : hold(usage, { id: base.id, amount: base.amount, at: now })
+    const ops = d.recorder.ops({ kind: 'reserved', record: rec }, [d.policies.usageOp(agentId, held), ...capOps])
     return { ops, result: { kind: 'reserved', rec, prepared, signing } }
   })
   if (result.kind === 'rejected' && channels.paymentRejected.hasSubscribers) channels.paymentRejected.publish({ agentId, transactionId: base.id, reason: result.reason })

@@ -1,6 +1,7 @@
 import type { PaygateError } from '../errors/index.js'
 import type { TxRecord } from '../ledger/transactions.js'
 import type { StoredPolicy } from '../policy/model.js'
+import type { InvocationContext } from '../policy/invocations.js'
 import type { ProtocolName, Settlement } from '../protocols/types.js'
 import type { PayRequest } from './adapters/types.js'
 import type { MppSession } from './sessions.js'
@@ -45,6 +46,8 @@ export interface PayStart {
   session: MppSession | null
   /** Sent with the first attempt only (the MPP session token). */
   firstHeaders: Readonly<Record<string, string>>
+  /** The open invocation whose token the request carries. */
+  invocation: InvocationContext | null
 }
 
 /**

@@ -23,6 +23,8 @@ export const ERROR_STATUS = {
   payment_protocol_error: 502,
   payment_failed: 502,
   upstream_unreachable: 502,
+  /** `POST /v1/agents/invoke`: the sub-agent answered 4xx/5xx or could not be reached (504 when it timed out); money may have moved. */
+  sub_agent_failed: 502,
   /** A paid answer whose body broke off (or was lost to a restart): the payment stands. */
   upstream_body_lost: 502,
   /** A paid answer too large to keep for replays (or for `POST /v1/pay` to return). */

@@ -285,7 +285,8 @@ export class Outbox {
     const prevs = await this.transactions.getMany(confirmed.map((c) => c.e.txId))
     const ops: BatchOp[] = []
     confirmed.forEach(({ e, r }, i) => {
-      const prev = prevs[i]
+      // A pinned record (an invocation root that may close meanwhile) is updated from its newest state.
+      const prev = this.transactions.liveRecord(e.txId) ?? prevs[i]
       ops.push({ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) })
       if (prev) {
         const ledger = r.success ? { status: 'confirmed' as const, blockNumber: r.blockNumber } : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted' }

@@ -9,9 +9,19 @@ import type { BatchOp, Collection, Store } from '../store/index.js'
  * Status: `pending` (reserved, payment in flight), `paid`, `rejected` (policy, nothing
  * signed), `failed` (not paid; reservation released), `unknown` (signed and sent, outcome
  * not known yet: the reservation stays held until the reconciler settles it).
+ * An invocation root (`kind: 'invocation'`) is `open` while its sub-agent works, then `closed`,
+ * or `interrupted` when a restart found it open; it moves no money itself.
  */
-export type TxStatus = 'pending' | 'paid' | 'rejected' | 'failed' | 'unknown'
-export const TX_STATUSES: readonly TxStatus[] = ['pending', 'paid', 'rejected', 'failed', 'unknown']
+export type TxStatus = 'pending' | 'paid' | 'rejected' | 'failed' | 'unknown' | 'open' | 'closed' | 'interrupted'
+export const TX_STATUSES: readonly TxStatus[] = ['pending', 'paid', 'rejected', 'failed', 'unknown', 'open', 'closed', 'interrupted']
+
+/** Where a payment made inside an invocation belongs (metrics read it: delegated spend). */
+export interface TxInvocation {
+  /** The innermost open invocation the payment carried the token of. */
+  id: string
+  /** The orchestrators of every enclosing open invocation, outermost first. */
+  invokers: string[]
+}
 
 /** A signed EIP-3009 authorization: its nonce's state on chain tells whether it was paid. */
 export interface Eip3009Stored {
@@ -42,6 +52,10 @@ export const isEip3009 = (a: StoredAuthorization): a is Eip3009Stored => a.kind 
 
 export interface TxRecord {
   id: string
+  /** `invocation`: the root node of a sub-agent invocation (no payment); absent on payments. */
+  kind?: 'invocation'
+  /** On payments made inside an invocation (with its token). */
+  invocation?: TxInvocation
   agentId: string
   status: TxStatus
   createdAt: number
@@ -92,6 +106,13 @@ export class Transactions {
   private readonly byHash: Collection<string>
   /** `<parentTxHash>\0<id>`: the children of a node, read without a scan (cost trees). */
   private readonly byParent: Collection<string>
+  /**
+   * Records that still change after they are written with their ledger hash (an invocation
+   * root: closed later, while the outbox confirms its ledger record), kept here until both
+   * are done, so every write of them starts from the newest state instead of a read that
+   * another write may have overtaken.
+   */
+  private readonly live = new Map<string, TxRecord>()
 
   constructor(private readonly store: Store) {
     this.records = store.collection('tx')
@@ -104,6 +125,11 @@ export class Transactions {
 
   /** Batch ops that write `next` (replacing `prev`) with its index entries. */
   ops(next: TxRecord, prev?: TxRecord): BatchOp[] {
+    if (this.live.has(next.id)) {
+      const settled = next.status !== 'open' && next.ledger !== undefined && next.ledger.status !== 'queued'
+      if (settled) this.live.delete(next.id)
+      else this.live.set(next.id, next)
+    }
     const ops: BatchOp[] = [{ type: 'put', coll: this.records, key: next.id, value: next }]
     if (!prev) ops.push({ type: 'put', coll: this.byAgent, key: `${next.agentId}\x00${next.id}`, value: '' })
     if (!prev && next.parentTxHash) ops.push({ type: 'put', coll: this.byParent, key: `${next.parentTxHash.toLowerCase()}\x00${next.id}`, value: '' })
@@ -117,6 +143,16 @@ export class Transactions {
     }
     if (next.txHash && next.txHash !== prev?.txHash) ops.push({ type: 'put', coll: this.byHash, key: next.txHash.toLowerCase(), value: next.id })
     return ops
+  }
+
+  /** Keep `rec` as the newest state of its record until it is closed and its ledger record confirmed (see `live`). */
+  pin(rec: TxRecord): void {
+    this.live.set(rec.id, rec)
+  }
+
+  /** The newest state of a pinned record (undefined when it is not pinned). */
+  liveRecord(id: string): TxRecord | undefined {
+    return this.live.get(id)
   }
 
   async put(next: TxRecord, prev?: TxRecord): Promise<void> {
@@ -176,10 +212,15 @@ export class Transactions {
 
   /** The records hung under `txHash` (any status), oldest first. */
   async children(txHash: string): Promise<TxRecord[]> {
+    return (await this.getMany(await this.childIds(txHash))).filter((r): r is TxRecord => !!r)
+  }
+
+  /** The ids of the records hung under `txHash`, oldest first (the index alone). */
+  async childIds(txHash: string): Promise<string[]> {
     const prefix = `${txHash.toLowerCase()}\x00`
     const ids: string[] = []
     for await (const k of this.byParent.keys({ gte: prefix, lt: `${txHash.toLowerCase()}\x01` })) ids.push(k.slice(prefix.length))
-    return (await this.getMany(ids)).filter((r): r is TxRecord => !!r)
+    return ids
   }
 
   /**
@@ -215,6 +256,7 @@ export class Transactions {
 export function txView(r: TxRecord): Record<string, unknown> {
   return {
     id: r.id,
+    ...(r.kind ? { kind: r.kind } : {}),
     timestamp: new Date(r.createdAt).toISOString(),
     agentId: r.agentId,
     status: r.status,
@@ -228,6 +270,7 @@ export function txView(r: TxRecord): Record<string, unknown> {
     txHash: r.txHash,
     parentTxHash: r.parentTxHash,
     depth: r.depth,
+    ...(r.invocation ? { invocationId: r.invocation.id } : {}),
     ...(r.reason ? { reason: r.reason } : {}),
     ...(r.detail ? { detail: r.detail } : {}),
     ...(r.error ? { error: r.error } : {}),

@@ -14,16 +14,19 @@ export const MAX_DEPTH = 64
 export const MAX_TREE_NODES = 10_000
 
 const NODE_STATUSES: ReadonlySet<TxStatus> = new Set(['paid', 'unknown'])
-const paidAmount = (r: TxRecord): bigint => (r.status === 'paid' ? BigInt(r.amount) : 0n)
+/** Payments that moved money are nodes, and so are (nested) invocation roots, whatever their status. */
+const isNode = (r: TxRecord): boolean => r.kind === 'invocation' || NODE_STATUSES.has(r.status)
+const paidAmount = (r: TxRecord): bigint => (r.status === 'paid' && r.kind !== 'invocation' ? BigInt(r.amount) : 0n)
 
-/** The node as a chain or tree shows it. */
+/** The node as a chain or tree shows it: no protocol or endpoint at depth 0 nor on an invocation root. */
 function nodeView(r: TxRecord, depth: number): Record<string, unknown> {
   return {
     txHash: r.txHash,
     agentId: r.agentId,
     amountPaid: usdc(paidAmount(r)),
-    ...(depth > 0 ? { protocol: r.protocol, endpoint: r.endpoint } : {}),
+    ...(depth > 0 && r.kind !== 'invocation' ? { protocol: r.protocol, endpoint: r.endpoint } : {}),
     depth,
+    ...(r.kind ? { kind: r.kind } : {}),
   }
 }
 
@@ -66,14 +69,18 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
   let truncated = false
   const top: TreeNode = { view: { ...nodeView(root!, 0), status: root!.status }, children: [] }
   total += paidAmount(root!)
-  // Breadth first, one index read per node that can have children (a paid one: only those have a txHash).
+  // Breadth first, a level at a time: the index reads of a level's nodes run together (only a
+  // node with a txHash can have children), then their children's records are read in one getMany.
   let level: { rec: TxRecord; node: TreeNode }[] = [{ rec: root!, node: top }]
   for (let depth = 1; level.length && depth <= MAX_DEPTH; depth++) {
     const next: typeof level = []
-    for (const { rec: parent, node } of level) {
-      if (!parent.txHash) continue
-      for (const child of await transactions.children(parent.txHash)) {
-        if (!NODE_STATUSES.has(child.status)) continue
+    const ids = await Promise.all(level.map(({ rec }) => (rec.txHash ? transactions.childIds(rec.txHash) : Promise.resolve([]))))
+    const recs = await transactions.getMany(ids.flat())
+    let at = 0
+    for (const [i, { node }] of level.entries()) {
+      const mine = recs.slice(at, (at += ids[i]!.length))
+      for (const child of mine) {
+        if (!child || !isNode(child)) continue
         if (nodes >= MAX_TREE_NODES) {
           truncated = true
           break
@@ -81,7 +88,7 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
         nodes++
         agents.add(child.agentId)
         total += paidAmount(child)
-        if (child.status === 'paid') count++
+        if (child.status === 'paid' && child.kind !== 'invocation') count++
         const n: TreeNode = { view: { ...nodeView(child, depth), status: child.status }, children: [] }
         node.children.push(n)
         next.push({ rec: child, node: n })

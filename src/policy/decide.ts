@@ -2,7 +2,7 @@ import { formatUnits } from '../util/money.js'
 import { matchesAny } from './domains.js'
 import type { ProtocolName } from '../protocols/types.js'
 import { RATE_WINDOWS, type ProtocolPreference, type StoredPolicy } from './model.js'
-import { heldAmount, paymentsWithin, usedToday, type UsageState } from './usage.js'
+import { heldAmount, paymentsInFlight, paymentsWithin, usedToday, type UsageState } from './usage.js'
 
 export type PolicyReason = 'domain_blocked' | 'domain_not_allowed' | 'per_call_limit_exceeded' | 'rate_limit_exceeded' | 'daily_budget_exceeded'
 
@@ -18,8 +18,10 @@ const usd = (units: bigint): string => `${formatUnits(units)} USDC`
  * is signed. Pure: the policy, the usage (with in-flight holds counted as spend and as
  * payments) and the clock reading come in as data.
  */
-export function decide(policy: StoredPolicy, usage: UsageState, req: { host: string; amount: bigint }, now: number): Decision {
+export function decide(policy: StoredPolicy, usage: UsageState, req: { host: string; amount: bigint; covered?: bigint }, now: number): Decision {
   const { host, amount } = req
+  // `covered`: the part of the payment an invocation's cap hold already counts (the orchestrator paying inside its own invocation).
+  const covered = req.covered ?? 0n
   if (matchesAny(policy.blockedDomains, host)) return { ok: false, reason: 'domain_blocked', detail: `${host} is in blockedDomains` }
   if (policy.allowedDomains && !matchesAny(policy.allowedDomains, host)) {
     return { ok: false, reason: 'domain_not_allowed', detail: `${host} is not in allowedDomains` }
@@ -28,7 +30,7 @@ export function decide(policy: StoredPolicy, usage: UsageState, req: { host: str
     return { ok: false, reason: 'per_call_limit_exceeded', detail: `payment of ${usd(amount)} exceeds the per-call limit of ${usd(BigInt(policy.perCallLimit))}` }
   }
   if (policy.rateLimit) {
-    const inFlight = usage.holds?.length ?? 0
+    const inFlight = paymentsInFlight(usage)
     const made = paymentsWithin(usage, now, RATE_WINDOWS[policy.rateLimit.window]) + inFlight
     if (made >= policy.rateLimit.calls) {
       return {
@@ -40,7 +42,7 @@ export function decide(policy: StoredPolicy, usage: UsageState, req: { host: str
   }
   if (policy.dailyBudget !== undefined) {
     const budget = BigInt(policy.dailyBudget)
-    const used = usedToday(usage, now) + heldAmount(usage)
+    const used = usedToday(usage, now) + heldAmount(usage) - covered
     if (used + amount > budget) {
       return {
         ok: false,

@@ -20,6 +20,14 @@ export interface Hold {
   /** Base units. */
   amount: string
   at: number
+  /**
+   * An invocation's cap hold (`cap:<invocationId>`): counts toward the daily budget, not toward
+   * the rate limit, and reserves no wallet funds (sub-agents pay from their own wallets).
+   */
+  cap?: true
+  /** A payment made inside the agent's own invocation: `drawn` base units were taken from the cap hold `from`. */
+  from?: string
+  drawn?: string
 }
 
 export interface UsageState {
@@ -51,6 +59,12 @@ export const periodActive = (u: UsageState, now: number): boolean => u.periodSta
 export const usedToday = (u: UsageState, now: number): bigint => (periodActive(u, now) ? BigInt(u.spent) : 0n)
 
 export const heldAmount = (u: UsageState): bigint => (u.holds ?? []).reduce((s, h) => s + BigInt(h.amount), 0n)
+
+/** What payments in flight reserve of the wallet's funds (cap holds excluded). */
+export const paymentHeldAmount = (u: UsageState): bigint => (u.holds ?? []).reduce((s, h) => (h.cap ? s : s + BigInt(h.amount)), 0n)
+
+/** Payments in flight (cap holds are not payments: the rate limit does not count them). */
+export const paymentsInFlight = (u: UsageState): number => (u.holds ?? []).reduce((n, h) => (h.cap ? n : n + 1), 0)
 
 type Buckets = [number, number][]
 
@@ -108,8 +122,48 @@ export function paymentsWithin(u: UsageState, now: number, windowMs: number): nu
 /** Add a reservation. */
 export const hold = (u: UsageState, h: Hold): UsageState => ({ ...u, holds: [...(u.holds ?? []), h] })
 
-/** Drop a reservation without spending it. */
-export const release = (u: UsageState, id: string): UsageState => ({ ...u, holds: (u.holds ?? []).filter((h) => h.id !== id) })
+/**
+ * Drop a reservation without spending it. A payment that drew on a cap hold gives what it drew
+ * back to it, if the cap hold is still there (its invocation still open).
+ */
+export function release(u: UsageState, id: string): UsageState {
+  const holds = u.holds ?? []
+  const h = holds.find((x) => x.id === id)
+  if (!h) return u
+  const rest = holds.filter((x) => x.id !== id)
+  if (h.from && h.drawn) {
+    const i = rest.findIndex((x) => x.id === h.from)
+    if (i >= 0) rest[i] = { ...rest[i]!, amount: (BigInt(rest[i]!.amount) + BigInt(h.drawn)).toString() }
+  }
+  return { ...u, holds: rest }
+}
+
+/** The hold id of an invocation's cap hold in its orchestrator's usage. */
+export const capHoldId = (invocationId: string): string => `cap:${invocationId}`
+
+/**
+ * A payment's hold, drawn from the cap hold `capId` as far as it reaches: the amount moves from
+ * the cap hold to the payment's hold, so the daily budget sees it once.
+ */
+export function holdDrawn(u: UsageState, h: Hold, capId: string): UsageState {
+  const holds = [...(u.holds ?? [])]
+  const i = holds.findIndex((x) => x.id === capId)
+  if (i < 0) return hold(u, h)
+  const cap = BigInt(holds[i]!.amount)
+  const want = BigInt(h.amount)
+  const drawn = want < cap ? want : cap
+  holds[i] = { ...holds[i]!, amount: (cap - drawn).toString() }
+  holds.push({ ...h, from: capId, drawn: drawn.toString() })
+  return { ...u, holds }
+}
+
+/** How much of a payment of `amount` the cap hold `capId` covers (what the daily budget already counts). */
+export function coveredByCap(u: UsageState, capId: string, amount: bigint): bigint {
+  const cap = (u.holds ?? []).find((x) => x.id === capId)
+  if (!cap) return 0n
+  const left = BigInt(cap.amount)
+  return amount < left ? amount : left
+}
 
 /**
  * Turn a reservation into spend at `now`: a payment opens a new period when none is

@@ -22,7 +22,7 @@ export function route(head: RequestHead, conn: FastConn): 'fast' | 'takeover' | 
   }
   if (!FAST_METHODS.has(head.method) || m.host === undefined || m['transfer-encoding'] !== undefined || m.expect !== undefined) return 'node'
   if (m['content-length'] !== undefined && m['content-length'] !== '0') return 'node'
-  if (m['x-paygate-idempotency-key'] !== undefined || m['x-paygate-parent-tx'] !== undefined) return 'node'
+  if (m['x-paygate-idempotency-key'] !== undefined || m['x-paygate-parent-tx'] !== undefined || m['x-paygate-invocation'] !== undefined) return 'node'
   return (conn.tunnel ? head.target.startsWith('/') : head.target.startsWith('http://')) ? 'fast' : 'node'
 }
 

@@ -129,7 +129,9 @@ export class NodePath {
       const { body, buffered } = await this.requestBody(req)
       if (!buffered) return this.streamOnce(res, { url, method, headers, body: body as Readable }, a)
       const parentTxHash = headerValue(req.headers, 'x-paygate-parent-tx')
-      const payReq = { agentId, url, method, headers, body: body as Buffer | null, ...(parentTxHash ? { parentTxHash } : {}) }
+      // X-Paygate-Invocation joins an open invocation's tree (the header, like every X-Paygate-*, never leaves Paygate).
+      const invocation = headerValue(req.headers, 'x-paygate-invocation')
+      const payReq = { agentId, url, method, headers, body: body as Buffer | null, ...(parentTxHash ? { parentTxHash } : {}), ...(invocation !== undefined ? { invocation } : {}) }
       const key = headerValue(req.headers, 'x-paygate-idempotency-key')
       const { engine, idempotency, log } = this.ctx.d
       const out = key ? await idempotent({ engine, idempotency, log }, agentId, key, payReq) : await engine.pay(payReq)

@@ -22,7 +22,7 @@ export function upstreamError(e: Error): UpstreamError | PaygateError {
 }
 
 /** The agent's answer when the target could not be reached (502 `upstream_unreachable`). */
-export const unreachableError = (e: Error): PaygateError => new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`)
+export const unreachableError = (e: Error): PaygateError => new PaygateError('upstream_unreachable', `the target could not be reached: ${e.message}`, { cause: e })
 
 /** An unpaid send's failure as the agent's 502 (anything but a transport failure, an egress refusal too, is thrown as it is). */
 export function unreachable(e: unknown): never {

@@ -39,6 +39,8 @@ interface PayBody {
   canonicalBody: Buffer | null
   idempotencyKey?: string
   parentTxHash?: string
+  /** The `X-Paygate-Invocation` header of the request: the payment joins that invocation's tree. */
+  invocation?: string
 }
 
 function parsePay(raw: unknown): PayBody {
@@ -66,6 +68,8 @@ function parsePay(raw: unknown): PayBody {
         throw invalid(`headers.${k}`, `header ${k} has ${char} at index ${bad.index}: a value may hold visible ASCII, space, tab and Latin-1 characters (U+0080 to U+00FF) only`)
       }
       const name = k.toLowerCase()
+      if (name.startsWith('x-paygate-'))
+        throw invalid(`headers.${k}`, `header ${k} cannot be sent: X-Paygate-* headers are Paygate's own controls (send X-Paygate-Invocation on the POST /v1/pay request itself)`)
       if (REFUSED.has(name)) throw invalid(`headers.${k}`, `header ${k} cannot be sent: Paygate sends the request body at once and handles the target's 1xx answers itself`)
       if (!STRIPPED.has(name)) headers[name] = v
     }
@@ -150,6 +154,7 @@ async function runPay(engine: PaymentEngine, p: PayBody): Promise<Reply> {
     body: p.body,
     ...(p.parentTxHash ? { parentTxHash: p.parentTxHash } : {}),
     ...(p.idempotencyKey ? { idempotencyKey: p.idempotencyKey } : {}),
+    ...(p.invocation !== undefined ? { invocation: p.invocation } : {}),
   })
   if (out.unpaid) {
     out.response.body.resume()
@@ -211,12 +216,14 @@ export function payRoutes(engine: PaymentEngine, idem: Idempotency): Route[] {
       async handler(ctx) {
         const p = parsePay(await ctx.body())
         requireAgentAccess(ctx.identity, p.agentId)
+        const token = ctx.headers['x-paygate-invocation']
+        if (typeof token === 'string') p.invocation = token
         if (!p.idempotencyKey) return run(p)
         // run() raises nothing once a payment is made, so an unreadable 402 is not stored either.
         return idem.run(
           p.agentId,
           p.idempotencyKey,
-          requestDigest({ ...p, body: p.canonicalBody }),
+          requestDigest({ ...p, body: p.canonicalBody, headers: p.invocation !== undefined ? { ...p.headers, 'x-paygate-invocation': p.invocation } : p.headers }),
           () => run(p),
           nothingSigned,
           (startedAt) => recoverPay(engine, p, startedAt),

@@ -170,7 +170,10 @@ export class MppAdapter implements ProtocolAdapter {
     if (req.method === 'GET' || req.method === 'HEAD' || !token) return { kind: 'served', response: res }
     res.body.resume()
     try {
-      return { kind: 'served', response: await this.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, [SESSION_HEADER]: token }, body: req.body }) }
+      return {
+        kind: 'served',
+        response: await this.upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, [SESSION_HEADER]: token }, body: req.body, timeoutMs: req.timeoutMs }),
+      }
     } catch (e) {
       // Paid: the session was bought; only the replay's answer is lost.
       const lost = Buffer.from(JSON.stringify({ error: 'upstream_answer_lost', detail: (e as Error).message }))

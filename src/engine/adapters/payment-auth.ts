@@ -100,7 +100,13 @@ export class PaymentAuthAdapter implements ProtocolAdapter {
         let res: UpstreamResponse
         try {
           // The agent's own Accept-Payment (kept in req.headers) wins over Paygate's list.
-          res = await this.upstream.send({ url: req.url, method: req.method, headers: { 'accept-payment': this.acceptPayment, ...req.headers, [name]: value }, body: req.body })
+          res = await this.upstream.send({
+            url: req.url,
+            method: req.method,
+            headers: { 'accept-payment': this.acceptPayment, ...req.headers, [name]: value },
+            body: req.body,
+            timeoutMs: req.timeoutMs,
+          })
         } catch (e) {
           return { kind: 'transient', response: null, error: (e as Error).message }
         }

@@ -16,6 +16,10 @@ export interface PayRequest {
   parentTxHash?: string
   /** The caller's idempotency key, kept on the transaction so a replay after a crash finds it. */
   idempotencyKey?: string
+  /** An open invocation's token (`X-Paygate-Invocation`): the payment joins its tree under its cap. */
+  invocation?: string
+  /** Wait this long for the target's answer headers on every send (default: the upstream layer's, `pay.timeoutMs`). */
+  timeoutMs?: number
 }
 
 /** The agent's wallet as an adapter may use it: its address and a digest signer. */

@@ -87,7 +87,7 @@ export class X402Adapter implements ProtocolAdapter {
         const headers = paymentHeaders(offer, eip3009Of(stored), stored.signature as `0x${string}`)
         let res: UpstreamResponse
         try {
-          res = await upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...headers }, body: req.body })
+          res = await upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...headers }, body: req.body, timeoutMs: req.timeoutMs })
         } catch (e) {
           return { kind: 'transient', response: null, error: (e as Error).message }
         }
