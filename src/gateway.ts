@@ -34,6 +34,8 @@ import { ProxyServer } from './proxy/server.js'
 import { PaygateError } from './errors/index.js'
 import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
+import { DashboardAssets } from './api/dashboard.js'
+import { summaryRoutes } from './api/routes/summary.js'
 import type { Config } from './config/load.js'
 import type { Logger } from './log/index.js'
 import { PolicyStore } from './policy/store.js'
@@ -51,6 +53,8 @@ export interface GatewayOptions {
   cardProvider?: CardProvider
   /** Extra MPP rails (Lightning, custom), by name. */
   rails?: Rail[]
+  /** Where the built dashboard is (default `dist/web` in the package). */
+  dashboardDir?: string
   /** How the egress guard resolves names (default: dns.lookup); tests inject one. */
   resolver?: Resolver
 }
@@ -245,7 +249,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
 type Paying = ReturnType<typeof buildEngine>
 
 /** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
-function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
+function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
   const router = new Router().add(
     ...healthRoutes([
       { name: 'store', check: async () => l.store.status === 'open' && l.store.applyError === undefined },
@@ -256,6 +260,7 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     ...walletRoutes(l.wallets, l.chain),
     ...payRoutes(p.engine, p.idempotency),
     ...transactionRoutes(l.transactions),
+    ...summaryRoutes({ store: l.store, chain: l.chain, outbox: l.outbox }),
   )
   const api = createApiServer({
     router,
@@ -264,6 +269,7 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     log,
     maxBodyBytes: config.api.maxBodyBytes,
     requestTimeoutMs: config.api.requestTimeoutMs,
+    ...(config.api.dashboard ? { dashboard: new DashboardAssets(opts.dashboardDir) } : {}),
   })
   return { router, api }
 }
