@@ -151,12 +151,13 @@ t.test('GET /v1/transactions filters by protocol and by time', async (t) => {
     cursor = page.nextCursor
   }
   t.same(seen, [recs[4]!.id, recs[2]!.id, recs[0]!.id])
-  for (const [q, field] of [
+  const bad: [string, string][] = [
     ['protocol=card', 'protocol'],
     ['from=yesterday', 'from'],
     ['to=1700000000', 'to'],
     ['from=2026-11-02T00:00:00Z&to=2026-11-01T00:00:00Z', 'to'],
-  ]) {
+  ]
+  for (const [q, field] of bad) {
     const r = await gw.api('GET', `/v1/transactions?${q}`)
     t.same([r.status, r.body.error, r.body.field], [400, 'invalid_request', field], q)
   }
