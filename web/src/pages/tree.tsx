@@ -1,7 +1,7 @@
 import { useState } from 'preact/hooks'
 import { type Me, qs, usdc } from '../api'
 import { Failure, Loading, Status, Table } from '../components/ui'
-import { fromUnits, href, toUnits, useApi, useFocusHeading } from '../hooks'
+import { fromUnits, href, toUnits, useApi, useFocusHeading, when } from '../hooks'
 
 interface TreeNode {
   txHash: string
@@ -139,14 +139,13 @@ export function RunsPage({ me, runId, agentId }: { me: Me; runId: string | undef
       <Loading on={list.loading || run.loading} />
       {list.data ? (
         (list.data.runs ?? []).length ? (
-          <Table caption={`Runs of ${applied}`} head={['Run', 'Total cost', 'Payments']} testid="runs-table">
+          <Table caption={`Runs of ${applied}`} head={['Run', 'Started']} testid="runs-table">
             {list.data.runs.map((r: any) => (
               <tr key={r.runId}>
                 <td>
                   <a href={href('runs', r.runId, r.agentId ?? applied)}>{r.runId}</a>
                 </td>
-                <td class="num">{usdc(r.totalCost)}</td>
-                <td class="num">{r.txCount ?? '—'}</td>
+                <td>{when(r.createdAt)}</td>
               </tr>
             ))}
           </Table>
@@ -159,11 +158,13 @@ export function RunsPage({ me, runId, agentId }: { me: Me; runId: string | undef
           <h2 id="run-h">
             Total {usdc(run.data.totalCost)} in {run.data.txCount} payment(s)
           </h2>
-          <Table caption="Invocations of this run" head={['Invocation', 'Status', 'Cost']}>
+          <Table caption="Invocations of this run" head={['Invocation', 'Sub-agent', 'Status', 'Budget', 'Cost']}>
             {(run.data.invocations ?? []).map((i: any) => (
-              <tr key={i.txHash ?? i.id}>
-                <td>{i.txHash ? <a href={href('tree', i.txHash)}>{String(i.txHash).slice(0, 18)}…</a> : (i.id ?? '—')}</td>
+              <tr key={i.invocationId ?? i.txHash}>
+                <td>{i.txHash ? <a href={href('tree', i.txHash)}>{String(i.txHash).slice(0, 18)}…</a> : (i.invocationId ?? '—')}</td>
+                <td class="endpoint">{i.agentEndpoint ?? '—'}</td>
                 <td>{i.status ? <Status value={i.status} /> : '—'}</td>
+                <td class="num">{usdc(i.budget)}</td>
                 <td class="num">{usdc(i.totalCost)}</td>
               </tr>
             ))}
