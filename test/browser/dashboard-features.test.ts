@@ -73,7 +73,7 @@ t.test('alerts: create, test (the receiver gets alert.test), delete', { skip: sk
   t.equal(JSON.parse(hook?.body ?? '{}').event, 'alert.test')
   t.match(hook?.headers['x-service-signature'], /^sha256=[0-9a-f]{64}$/)
   t.same(await axeViolations(page), [])
-  await shoot(page, 'alerts-live')
+  t.same(await shoot(page, 'alerts-live'), [], 'no sideways scrolling')
   await table.getByRole('button', { name: 'Delete' }).click()
   await page.getByText('No alerts yet.').waitFor()
   t.equal((await gw.api('GET', '/v1/alerts?agentId=shopper')).body.alerts.length, 0)
@@ -96,7 +96,7 @@ t.test('deliveries: the log lists the test delivery', { skip: skip.deliveries },
   await table.getByText('alert.test').first().waitFor()
   t.ok((await table.locator('tbody tr').count()) >= 1)
   t.same(await axeViolations(page), [])
-  await shoot(page, 'deliveries-live')
+  t.same(await shoot(page, 'deliveries-live'), [], 'no sideways scrolling')
 })
 
 t.test('settings: reveal and rotate the webhook secret', { skip: skip.secret }, async (t) => {
@@ -111,7 +111,7 @@ t.test('settings: reveal and rotate the webhook secret', { skip: skip.secret }, 
   const after = (await shown.textContent()) ?? ''
   t.not(after, before, 'a new secret')
   t.equal(after, (await gw.api('GET', '/v1/settings/webhooks')).body.secret, 'and it is the one in force')
-  await shoot(page, 'settings-secret')
+  t.same(await shoot(page, 'settings-secret'), [], 'no sideways scrolling')
 })
 
 t.test('runs: a run with its total cost', { skip: skip.runs }, async (t) => {
@@ -127,7 +127,7 @@ t.test('runs: a run with its total cost', { skip: skip.runs }, async (t) => {
   await page.getByRole('heading', { level: 1, name: 'Run run-ui-1' }).waitFor()
   t.match(await page.getByRole('heading', { level: 2 }).first().textContent(), /Total 0 USDC/)
   t.same(await axeViolations(page), [])
-  await shoot(page, 'runs-live')
+  t.same(await shoot(page, 'runs-live'), [], 'no sideways scrolling')
 })
 
 t.test('overview: spend over time from the metrics API', { skip: skip.metrics }, async (t) => {
@@ -136,7 +136,7 @@ t.test('overview: spend over time from the metrics API', { skip: skip.metrics },
   t.match(await page.getByTestId('protocol-split').textContent(), /x402 100%/)
   t.match(await page.locator('#spend-h + p, #spend-h ~ p').first().textContent(), /0\.01 USDC in 1 payment/)
   t.same(await axeViolations(page), [])
-  await shoot(page, 'overview-metrics')
+  t.same(await shoot(page, 'overview-metrics'), [], 'no sideways scrolling')
 })
 
 t.test('every request stayed on the gateway, no page error', async (t) => {

@@ -35,9 +35,10 @@ if (first.status !== 200) throw new Error(`the first payment failed: ${JSON.stri
 const b = await openBrowser(t, gw.url)
 const { page } = b
 const axeChecked: Record<string, unknown[]> = {}
+const overflow: Record<string, string[]> = {}
 async function check(name: string): Promise<void> {
   axeChecked[name] = await axeViolations(page)
-  await shoot(page, name)
+  overflow[name] = await shoot(page, name)
 }
 
 t.test('serving: / redirects to /ui/, CSP allows only self, API paths are not shadowed', async (t) => {
@@ -186,7 +187,7 @@ t.test('agents: create one (key shown once), edit its policy, see the API valida
   t.equal(await input.getAttribute('aria-invalid'), 'true')
   t.match(await input.getAttribute('aria-describedby'), /-error/)
   t.match(await err.first().textContent(), /\((perCallLimit\.usdc|allowedDomains\[1\])\)/, 'the API message names the field')
-  await shoot(page, 'policy-error')
+  overflow['policy-error'] = await shoot(page, 'policy-error')
   t.equal((await gw.api('GET', '/v1/policies/ui-made')).body.perCallLimit, undefined, 'nothing changed')
 
   await page.getByLabel('Per-call limit (USDC)').fill('0.05')
@@ -250,6 +251,10 @@ t.test('keyboard: the navigation is reachable by Tab and marks the current page'
 t.test('axe: no serious or critical violation on any page', async (t) => {
   t.ok(Object.keys(axeChecked).length >= 9, `pages checked: ${Object.keys(axeChecked).join(', ')}`)
   for (const [name, v] of Object.entries(axeChecked)) t.same(v, [], `${name}: no serious violation`)
+})
+
+t.test('no page scrolls sideways at 1280 or 390 px', async (t) => {
+  for (const [name, o] of Object.entries(overflow)) t.same(o, [], name)
 })
 
 t.test('no request left loopback, no CSP violation, no page error', async (t) => {

@@ -87,12 +87,21 @@ export async function visit(page: Page, url: string, route: string, heading: str
   await page.getByRole('heading', { level: 1, name: heading }).waitFor()
 }
 
-/** Screenshots of the current route at both widths, named `<name>-desktop.png` / `<name>-phone.png`. */
-export async function shoot(page: Page, name: string, settle: () => Promise<void> = async () => {}): Promise<void> {
+/**
+ * Screenshots of the current route at both widths, named `<name>-desktop.png` / `<name>-phone.png`.
+ * Returns the widths at which the page scrolled sideways (content wider than the window).
+ */
+export async function shoot(page: Page, name: string, settle: () => Promise<void> = async () => {}): Promise<string[]> {
+  const overflowed: string[] = []
   for (const [label, width] of Object.entries(WIDTHS)) {
     await page.setViewportSize({ width, height: 900 })
     await settle()
+    // Two frames: layout and resize observers run after the viewport change.
+    await page.evaluate('new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))')
+    const scrollWidth = (await page.evaluate('document.documentElement.scrollWidth')) as number
+    if (scrollWidth > width) overflowed.push(`${label}: ${scrollWidth}px in ${width}px`)
     await page.screenshot({ path: join(SCREENSHOTS, `${name}-${label}.png`), fullPage: true })
   }
   await page.setViewportSize({ width: WIDTHS.desktop, height: 900 })
+  return overflowed
 }

@@ -10,7 +10,7 @@ export function SpendChart({ series }: { series: { t: string | number; usdc: num
     if (!el) return
     const xs = series.map((p) => (typeof p.t === 'number' ? p.t : Date.parse(p.t)) / 1000)
     const ys = series.map((p) => Number(p.usdc))
-    const width = Math.max(280, el.clientWidth)
+    const width = Math.max(240, el.clientWidth)
     const plot = new uPlot(
       {
         width,
@@ -22,7 +22,13 @@ export function SpendChart({ series }: { series: { t: string | number; usdc: num
       [xs, ys],
       el,
     )
-    return () => plot.destroy()
+    // Follow the card's width (a phone turned, a window resized): the canvas never overflows it.
+    const resize = new ResizeObserver(() => plot.setSize({ width: Math.max(240, el.clientWidth), height: 180 }))
+    resize.observe(el)
+    return () => {
+      resize.disconnect()
+      plot.destroy()
+    }
   }, [series])
   return (
     <figure class="chart">
