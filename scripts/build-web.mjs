@@ -24,7 +24,14 @@ if (!force && existsSync(stamp) && statSync(stamp).mtimeMs >= Math.max(...source
   process.exit(0)
 }
 
-const { build } = await import('vite')
+let build
+try {
+  ;({ build } = await import('vite'))
+} catch {
+  // A production install (npm ci --omit=dev) has no Vite: start without rebuilding.
+  console.warn(existsSync(stamp) ? 'dashboard: Vite is not installed; serving the existing build' : 'dashboard: Vite is not installed and dist/web is not built; /ui/ will answer 404')
+  process.exit(0)
+}
 await build({
   root: webDir,
   base: '/ui/',
