@@ -1,6 +1,6 @@
 // Build the dashboard (web/) into dist/web with Vite, unless the build is newer than every
 // source file: `npm start` runs this each time and a start after no change costs no rebuild.
-import { existsSync, readdirSync, statSync } from 'node:fs'
+import { existsSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -8,6 +8,7 @@ const root = fileURLToPath(new URL('..', import.meta.url))
 const webDir = join(root, 'web')
 const outDir = join(root, 'dist', 'web')
 const stamp = join(outDir, 'index.html')
+const tmpDir = join(root, 'dist', `.web-${process.pid}`)
 
 function newest(path) {
   const st = statSync(path)
@@ -41,7 +42,7 @@ await build({
   // Preact's automatic JSX runtime (the web tsconfig says the same for type checking).
   oxc: { jsx: { runtime: 'automatic', importSource: 'preact' } },
   build: {
-    outDir,
+    outDir: tmpDir,
     emptyOutDir: true,
     // No data: URLs (the CSP allows only 'self') and no inline preload polyfill.
     assetsInlineLimit: 0,
@@ -51,4 +52,7 @@ await build({
     reportCompressedSize: false,
   },
 })
+// Swapped in whole: a gateway or a second build running at the same time never sees a half-emptied dist/web.
+rmSync(outDir, { recursive: true, force: true })
+renameSync(tmpDir, outDir)
 console.log('dashboard: built into dist/web')
