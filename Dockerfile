@@ -5,8 +5,11 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
+COPY scripts/build-web.mjs ./scripts/build-web.mjs
 COPY src ./src
+COPY web ./web
 COPY config ./config
+# The server (tsc) and the dashboard (Vite, into dist/web).
 RUN npm run build
 
 FROM node:20-bookworm-slim

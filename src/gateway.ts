@@ -39,6 +39,8 @@ import { ProxyServer } from './proxy/server.js'
 import { PaygateError } from './errors/index.js'
 import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
+import { DashboardAssets } from './api/dashboard.js'
+import { summaryRoutes } from './api/routes/summary.js'
 import type { Config } from './config/load.js'
 import type { Logger } from './log/index.js'
 import { PolicyStore } from './policy/store.js'
@@ -56,6 +58,8 @@ export interface GatewayOptions {
   cardProvider?: CardProvider
   /** Extra MPP rails (Lightning, custom), by name. */
   rails?: Rail[]
+  /** Where the built dashboard is (default `dist/web` in the package). */
+  dashboardDir?: string
   /** How the egress guard resolves names (default: dns.lookup); tests inject one. */
   resolver?: Resolver
 }
@@ -257,7 +261,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
 type Paying = ReturnType<typeof buildEngine>
 
 /** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
-function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
+function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
   const router = new Router().add(
     ...invokeRoutes(p.runner, p.invocations, p.idempotency),
     ...healthRoutes([
@@ -270,6 +274,7 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     ...payRoutes(p.engine, p.idempotency),
     ...transactionRoutes(l.transactions),
     ...runRoutes(p.invocations),
+    ...summaryRoutes({ store: l.store, chain: l.chain, outbox: l.outbox }),
   )
   const api = createApiServer({
     router,
@@ -278,6 +283,7 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     log,
     maxBodyBytes: config.api.maxBodyBytes,
     requestTimeoutMs: config.api.requestTimeoutMs,
+    ...(config.api.dashboard ? { dashboard: new DashboardAssets(opts.dashboardDir) } : {}),
   })
   return { router, api }
 }

@@ -7,6 +7,7 @@ import { closingAnswer, errorJson, parserRefusal } from '../errors/http.js'
 import { endLingering } from '../util/linger.js'
 import { readJsonBody, sendReply } from './http.js'
 import type { ApiRateLimits } from './rate-limit.js'
+import { DashboardAssets } from './dashboard.js'
 import type { Reply, Router } from './router.js'
 
 export interface ApiDeps {
@@ -17,6 +18,8 @@ export interface ApiDeps {
   maxBodyBytes: number
   /** Deadline for a whole request, head and body, from its first byte (`api.requestTimeoutMs`). */
   requestTimeoutMs: number
+  /** The dashboard's static assets under `/ui/` (`/` redirects there); absent: those paths are 404. */
+  dashboard?: DashboardAssets
 }
 
 const BEARER_RE = /^Bearer[ \t]+(\S+)[ \t]*$/i
@@ -89,6 +92,7 @@ interface Seen {
 /** Route, authenticate, rate-limit and run one request. */
 async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen, flight: Flight): Promise<Reply> {
   const { router, registry, rateLimit, maxBodyBytes } = deps
+  if (deps.dashboard && DashboardAssets.owns(url.pathname)) return deps.dashboard.answer(req.method ?? 'GET', url.pathname)
   const match = router.match(req.method ?? 'GET', url.pathname)
   if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
   if ('allow' in match) {

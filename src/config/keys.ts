@@ -107,6 +107,7 @@ export const KEYS: readonly KeySpec[] = [
     max: 600_000,
     doc: 'Deadline for receiving a whole API request, head and body, in ms. Past it: 408 with the error body (`invalid_request`), and the connection closes.',
   },
+  { path: 'api.dashboard', kind: 'bool', doc: 'Serve the web dashboard on the API port under `/ui/` (`/` redirects there). `false`: those paths answer 404.' },
   { path: 'proxy.host', kind: 'host', doc: 'Address the forward-proxy port binds to.' },
   { path: 'proxy.port', kind: 'port', doc: 'Forward-proxy port. 0 picks a free port.' },
   {

@@ -22,6 +22,7 @@ export interface Config {
       accountReservePercent: number
       unauthenticated: { perMinute: number; burst: number }
     }
+    dashboard: boolean
   }
   proxy: {
     host: string

@@ -86,6 +86,23 @@ export interface TxRecord {
   ledger?: { status: 'queued' | 'confirmed' | 'failed'; blockNumber?: number; error?: string }
 }
 
+export interface TxListFilter {
+  agentId?: string
+  status?: TxStatus
+  protocol?: TxRecord['protocol']
+  /** Creation time bounds in ms: `from` inclusive, `to` exclusive. */
+  from?: number
+  to?: number
+  limit: number
+  cursor?: string
+}
+
+/** How many records one page of a protocol-filtered listing reads at most. */
+export const TX_SCAN_LIMIT = 10_000
+
+/** The smallest id created at `ms` or later (ids begin with their creation time, see newTxId). */
+const idBound = (ms: number): string => `tx_${Math.max(0, ms).toString(36).padStart(9, '0')}`
+
 /** Sortable id: creation ms in base36 (fixed width) plus randomness. */
 export const newTxId = (now: number): string => `tx_${now.toString(36).padStart(9, '0')}${randomBase62(10)}`
 
@@ -175,21 +192,61 @@ export class Transactions {
     return id ? this.records.get(id) : undefined
   }
 
-  /** Newest first; `cursor` is the last id of the previous page. */
-  async list(f: { agentId?: string; status?: TxStatus; limit: number; cursor?: string }): Promise<{ records: TxRecord[]; nextCursor: string | null }> {
+  /**
+   * Newest first; `cursor` is the last id of the previous page. `from` (inclusive) and `to`
+   * (exclusive), in ms, bound the key range: ids begin with their creation time. A
+   * `protocol` filter is applied while walking, at most `TX_SCAN_LIMIT` records per page: a
+   * page may then hold fewer than `limit` records and still have a `nextCursor`.
+   */
+  async list(f: TxListFilter): Promise<{ records: TxRecord[]; nextCursor: string | null }> {
     let coll: Collection<string>
     let prefix: string
     if (f.agentId && f.status) [coll, prefix] = [this.byAgentStatus, `${f.agentId}\x00${f.status}\x00`]
     else if (f.agentId) [coll, prefix] = [this.byAgent, `${f.agentId}\x00`]
     else if (f.status) [coll, prefix] = [this.byStatus, `${f.status}\x00`]
     else [coll, prefix] = [this.records as unknown as Collection<string>, '']
+    const gte = prefix + (f.from !== undefined ? idBound(f.from) : '')
+    let upper = f.to !== undefined ? idBound(f.to) : '\xff'
+    if (f.cursor && f.cursor < upper) upper = f.cursor
+    const range = { gte, lt: prefix + upper, reverse: true }
+    if (f.protocol !== undefined) return this.listWalking(coll, prefix, range, f.limit, f.protocol)
     const ids: string[] = []
-    const lt = f.cursor ? prefix + f.cursor : `${prefix}\xff`
-    for await (const k of coll.keys({ gte: prefix, lt, reverse: true, limit: f.limit + 1 })) ids.push(k.slice(prefix.length))
+    for await (const k of coll.keys({ ...range, limit: f.limit + 1 })) ids.push(k.slice(prefix.length))
     const more = ids.length > f.limit
     if (more) ids.pop()
     const records = (await this.records.getMany(ids)).filter((r): r is TxRecord => !!r)
     return { records, nextCursor: more ? ids[ids.length - 1]! : null }
+  }
+
+  /** `list` with a protocol filter: reads records in chunks, stops at `limit` matches or the scan bound. */
+  private async listWalking(
+    coll: Collection<string>,
+    prefix: string,
+    range: { gte: string; lt: string; reverse: boolean },
+    limit: number,
+    protocol: TxRecord['protocol'],
+  ): Promise<{ records: TxRecord[]; nextCursor: string | null }> {
+    const out: TxRecord[] = []
+    let chunk: string[] = []
+    let scanned = 0
+    let lastScanned: string | null = null
+    const take = async (): Promise<void> => {
+      for (const r of await this.records.getMany(chunk)) if (r && r.protocol === protocol && out.length <= limit) out.push(r)
+      lastScanned = chunk[chunk.length - 1] ?? lastScanned
+      chunk = []
+    }
+    for await (const k of coll.keys(range)) {
+      chunk.push(k.slice(prefix.length))
+      scanned++
+      if (chunk.length === 100) await take()
+      if (out.length > limit || scanned >= TX_SCAN_LIMIT) break
+    }
+    await take()
+    if (out.length > limit) {
+      out.length = limit
+      return { records: out, nextCursor: out[limit - 1]!.id }
+    }
+    return { records: out, nextCursor: scanned >= TX_SCAN_LIMIT ? lastScanned : null }
   }
 
   /**

@@ -1,5 +1,5 @@
 import { PaygateError, invalid, notFound } from '../../errors/index.js'
-import { TX_STATUSES, txView, type Transactions, type TxStatus } from '../../ledger/transactions.js'
+import { TX_STATUSES, txView, type Transactions, type TxListFilter, type TxStatus } from '../../ledger/transactions.js'
 import { intParam } from '../http.js'
 import { chainView, nodeOf, treeView } from '../../ledger/trees.js'
 import type { Identity } from '../../agents/registry.js'
@@ -24,6 +24,42 @@ function treeRoute(transactions: Transactions, what: 'chain' | 'tree', view: typ
   }
 }
 
+const PROTOCOLS = ['x402', 'mpp'] as const
+
+/** An ISO 8601 timestamp query parameter, in ms. */
+function timeParam(url: URL, name: string): number | undefined {
+  const v = url.searchParams.get(name)
+  if (v === null || v === '') return undefined
+  const ms = /^\d{4}-\d{2}-\d{2}/.test(v) ? Date.parse(v) : Number.NaN
+  if (!Number.isFinite(ms) || ms < 0) throw invalid(name, `${name} must be an ISO 8601 timestamp, e.g. 2026-11-21T10:00:00Z`)
+  return ms
+}
+
+/** The listing's query: agentId, status, protocol, from/to, limit, cursor. */
+function listFilter(url: URL): TxListFilter {
+  const q = url.searchParams
+  const agentId = q.get('agentId') || undefined
+  const status = q.get('status') || undefined
+  if (status !== undefined && !TX_STATUSES.includes(status as TxStatus)) throw invalid('status', `status must be one of ${TX_STATUSES.join(', ')}`)
+  const protocol = q.get('protocol') || undefined
+  if (protocol !== undefined && !PROTOCOLS.includes(protocol as 'x402')) throw invalid('protocol', `protocol must be one of ${PROTOCOLS.join(', ')}`)
+  const from = timeParam(url, 'from')
+  const to = timeParam(url, 'to')
+  if (from !== undefined && to !== undefined && from >= to) throw invalid('to', 'to must be later than from')
+  const limit = intParam(url, 'limit', 50, 1, 1000)
+  const cursor = q.get('cursor') || undefined
+  if (cursor !== undefined && !/^tx_[0-9a-z]{9}[0-9A-Za-z]{10}$/.test(cursor)) throw invalid('cursor', 'cursor must be a nextCursor value from a previous page')
+  return {
+    limit,
+    ...(agentId ? { agentId } : {}),
+    ...(status ? { status: status as TxStatus } : {}),
+    ...(protocol ? { protocol: protocol as 'x402' | 'mpp' } : {}),
+    ...(from !== undefined ? { from } : {}),
+    ...(to !== undefined ? { to } : {}),
+    ...(cursor ? { cursor } : {}),
+  }
+}
+
 /** Transactions, newest first; agent keys see only their own agent. */
 export function transactionRoutes(transactions: Transactions): Route[] {
   return [
@@ -32,18 +68,12 @@ export function transactionRoutes(transactions: Transactions): Route[] {
       path: '/v1/transactions',
       access: 'agent',
       async handler(ctx) {
-        const q = ctx.url.searchParams
-        let agentId = q.get('agentId') ?? undefined
+        const filter = listFilter(ctx.url)
         if (ctx.identity?.kind === 'agent') {
-          if (agentId && agentId !== ctx.identity.agentId) throw new PaygateError('forbidden', "an agent key may only list its own agent's transactions")
-          agentId = ctx.identity.agentId
+          if (filter.agentId && filter.agentId !== ctx.identity.agentId) throw new PaygateError('forbidden', "an agent key may only list its own agent's transactions")
+          filter.agentId = ctx.identity.agentId
         }
-        const status = q.get('status') ?? undefined
-        if (status !== undefined && !TX_STATUSES.includes(status as TxStatus)) throw invalid('status', `status must be one of ${TX_STATUSES.join(', ')}`)
-        const limit = intParam(ctx.url, 'limit', 50, 1, 1000)
-        const cursor = q.get('cursor') ?? undefined
-        if (cursor !== undefined && !/^tx_[0-9a-z]{9}[0-9A-Za-z]{10}$/.test(cursor)) throw invalid('cursor', 'cursor must be a nextCursor value from a previous page')
-        const page = await transactions.list({ limit, ...(agentId ? { agentId } : {}), ...(status ? { status: status as TxStatus } : {}), ...(cursor ? { cursor } : {}) })
+        const page = await transactions.list(filter)
         return { status: 200, body: { transactions: page.records.map(txView), nextCursor: page.nextCursor } }
       },
     },

@@ -1,0 +1,176 @@
+import { useState } from 'preact/hooks'
+import { type Me, qs, usdc } from '../api'
+import { Failure, Loading, Status, Table } from '../components/ui'
+import { fromUnits, href, toUnits, useApi, useFocusHeading, when } from '../hooks'
+
+interface TreeNode {
+  txHash: string
+  agentId: string
+  amountPaid: { usdc: number | string }
+  depth: number
+  status?: string
+  protocol?: string
+  endpoint?: string
+  children: TreeNode[]
+}
+
+/** What a subtree cost, paid nodes only (held ones count once they settle), in base units. */
+function subtreeUnits(n: TreeNode): bigint {
+  const own = n.status === undefined || n.status === 'paid' ? toUnits(n.amountPaid.usdc) : 0n
+  return n.children.reduce((s, c) => s + subtreeUnits(c), own)
+}
+
+function Node({ node, focus }: { node: TreeNode; focus: string }) {
+  const [open, setOpen] = useState(true)
+  const mine = node.txHash.toLowerCase() === focus.toLowerCase()
+  const id = `node-${node.txHash}`
+  return (
+    <li class={mine ? 'focus-node' : undefined} data-node={node.txHash}>
+      <div class="node">
+        {node.children.length ? (
+          <button type="button" class="toggle" aria-expanded={open} aria-controls={id} onClick={() => setOpen(!open)}>
+            <span aria-hidden="true">{open ? '▾' : '▸'}</span>
+            <span class="sr-only">{open ? 'Collapse' : 'Expand'}</span>
+          </button>
+        ) : (
+          <span class="toggle-space" aria-hidden="true" />
+        )}
+        <span class="node-agent">{node.agentId}</span>
+        <span class="num">{usdc(node.amountPaid)}</span>
+        {node.children.length ? <span class="muted">subtree {fromUnits(subtreeUnits(node))} USDC</span> : null}
+        {node.status && node.status !== 'paid' ? <Status value={node.status} /> : null}
+        {node.protocol ? <span class="muted">{node.protocol}</span> : null}
+        {node.endpoint ? <span class="endpoint muted">{node.endpoint}</span> : null}
+        <a href={href('tx', node.txHash)} aria-label={`Transaction ${node.txHash.slice(0, 10)}`}>
+          {node.txHash.slice(0, 10)}…
+        </a>
+        {mine ? <strong class="here">(this transaction)</strong> : null}
+      </div>
+      {node.children.length && open ? (
+        <ul id={id}>
+          {node.children.map((c) => (
+            <Node key={c.txHash} node={c} focus={focus} />
+          ))}
+        </ul>
+      ) : null}
+    </li>
+  )
+}
+
+/** The whole cost tree a transaction is in, from any node (root, middle or leaf). */
+export function TreePage({ tx }: { tx: string | undefined }) {
+  const h1 = useFocusHeading(`tree-${tx}`)
+  const [input, setInput] = useState(tx ?? '')
+  const tree = useApi(tx ? `/v1/transactions/${encodeURIComponent(tx)}/tree` : null)
+  return (
+    <>
+      <h1 ref={h1} tabIndex={-1}>
+        Cost tree
+      </h1>
+      <form
+        class="filters"
+        aria-label="Open a cost tree"
+        onSubmit={(e) => {
+          e.preventDefault()
+          if (input.trim()) location.hash = href('tree', input.trim())
+        }}
+      >
+        <div class="field grow">
+          <label for="tree-tx">Transaction (ledger hash or id)</label>
+          <input id="tree-tx" value={input} onInput={(e) => setInput(e.currentTarget.value)} spellcheck={false} />
+        </div>
+        <div class="actions">
+          <button type="submit">Open tree</button>
+        </div>
+      </form>
+      {!tx ? <p class="muted">Open a tree from any transaction: its page links here.</p> : null}
+      <Failure error={tree.error} what="Cost tree" />
+      <Loading on={tree.loading && !tree.data} />
+      {tree.data ? (
+        <section aria-labelledby="tree-h" class="card">
+          <h2 id="tree-h">
+            Total {usdc(tree.data.totalCost)} in {tree.data.txCount} payment(s) below the root
+          </h2>
+          {tree.data.truncated ? <p class="notice">The tree is larger than shown (truncated).</p> : null}
+          <ul class="tree" data-testid="tree">
+            <Node node={tree.data.root} focus={tx!} />
+          </ul>
+        </section>
+      ) : null}
+    </>
+  )
+}
+
+/** Runs (`GET /v1/runs?agentId=`) and one run's invocations and total cost. */
+export function RunsPage({ me, runId, agentId }: { me: Me; runId: string | undefined; agentId: string | undefined }) {
+  const h1 = useFocusHeading(`runs-${runId}`)
+  const [agent, setAgent] = useState(me.kind === 'agent' ? me.agentId : (agentId ?? ''))
+  const [applied, setApplied] = useState(agent)
+  const list = useApi(!runId && applied ? `/v1/runs${qs({ agentId: applied })}` : null)
+  const run = useApi(runId && agentId ? `/v1/runs/${encodeURIComponent(runId)}${qs({ agentId })}` : null)
+  return (
+    <>
+      <h1 ref={h1} tabIndex={-1}>
+        {runId ? `Run ${runId}` : 'Runs'}
+      </h1>
+      {runId ? (
+        <p>
+          <a href={href('runs')}>All runs</a>
+        </p>
+      ) : (
+        <form
+          class="filters"
+          aria-label="Runs of an agent"
+          onSubmit={(e) => {
+            e.preventDefault()
+            setApplied(agent.trim())
+          }}
+        >
+          <div class="field">
+            <label for="runs-agent">Orchestrator agent</label>
+            <input id="runs-agent" value={agent} onInput={(e) => setAgent(e.currentTarget.value)} readOnly={me.kind === 'agent'} required />
+          </div>
+          <div class="actions">
+            <button type="submit">Show runs</button>
+          </div>
+        </form>
+      )}
+      <Failure error={list.error ?? run.error} what="Runs" />
+      <Loading on={list.loading || run.loading} />
+      {list.data ? (
+        (list.data.runs ?? []).length ? (
+          <Table caption={`Runs of ${applied}`} head={['Run', 'Started']} testid="runs-table">
+            {list.data.runs.map((r: any) => (
+              <tr key={r.runId}>
+                <td>
+                  <a href={href('runs', r.runId, r.agentId ?? applied)}>{r.runId}</a>
+                </td>
+                <td>{when(r.createdAt)}</td>
+              </tr>
+            ))}
+          </Table>
+        ) : (
+          <p class="muted">No runs for {applied}.</p>
+        )
+      ) : null}
+      {run.data ? (
+        <section class="card" aria-labelledby="run-h">
+          <h2 id="run-h">
+            Total {usdc(run.data.totalCost)} in {run.data.txCount} payment(s)
+          </h2>
+          <Table caption="Invocations of this run" head={['Invocation', 'Sub-agent', 'Status', 'Budget', 'Cost']}>
+            {(run.data.invocations ?? []).map((i: any) => (
+              <tr key={i.invocationId ?? i.txHash}>
+                <td>{i.txHash ? <a href={href('tree', i.txHash)}>{String(i.txHash).slice(0, 18)}…</a> : (i.invocationId ?? '—')}</td>
+                <td class="endpoint">{i.agentEndpoint ?? '—'}</td>
+                <td>{i.status ? <Status value={i.status} /> : '—'}</td>
+                <td class="num">{usdc(i.budget)}</td>
+                <td class="num">{usdc(i.totalCost)}</td>
+              </tr>
+            ))}
+          </Table>
+        </section>
+      ) : null}
+    </>
+  )
+}
