@@ -46,6 +46,8 @@ export interface Notifications {
   /** Deliveries waiting (pending or retrying): for the metrics export. */
   queueDepth(): number
   start(): Promise<void>
+  /** Tests: expand every event entry and finish every attempt that is due now. */
+  settle(): Promise<void>
   close(): void
 }
 
@@ -80,6 +82,13 @@ export function buildNotifications(d: NotifyDeps): Notifications {
       await Promise.all([book.load(), spend.load()])
       await queue.start()
       await notifier.start()
+    },
+    async settle() {
+      do {
+        await notifier.idle()
+        await queue.settle()
+        if (notifier.backlog()) await new Promise((r) => setTimeout(r, 10))
+      } while (notifier.backlog())
     },
     close() {
       notifier.close()

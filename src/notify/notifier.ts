@@ -117,8 +117,14 @@ export class Notifier {
       })
   }
 
-  /** Tests and the bench: wait until nothing is being expanded. */
+  /** Event entries not yet expanded. */
+  backlog(): number {
+    return this.pending.length
+  }
+
+  /** Tests and the bench: expand what is pending now and wait until nothing is being expanded. */
   async idle(): Promise<void> {
+    this.kick()
     while (this.running) await this.running
   }
 

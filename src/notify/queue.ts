@@ -117,10 +117,13 @@ export class DeliveryQueue {
     }
   }
 
-  /** Tests: start what is due and wait until every attempt in flight has finished. */
+  /** Tests: start what is due and wait until every attempt in flight has finished and nothing is due. */
   async settle(): Promise<void> {
     this.kick()
-    while (this.running.size) await Promise.all([...this.running])
+    while (this.running.size) {
+      await Promise.all([...this.running])
+      this.kick()
+    }
   }
 
   private async attempt(d: Delivery): Promise<void> {
