@@ -17,7 +17,15 @@ import { startReceiver } from '../helpers/receiver.js'
  * mid-schedule picks the schedule up from the store; a dropped delivery can be sent again.
  */
 const logs: string[] = []
-const log = createLogger('info', new Writable({ write: (c, _e, cb) => (logs.push(String(c)), cb()) }))
+const log = createLogger(
+  'info',
+  new Writable({
+    write(c, _e, cb) {
+      logs.push(String(c))
+      cb()
+    },
+  }),
+)
 
 t.test('1 m, 5 m, 30 m, 2 h, dropped; a restart mid-schedule keeps it; retry sends a dropped one again', async (t) => {
   const dir = testDir(t)
