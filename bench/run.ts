@@ -4,6 +4,7 @@
  */
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
+import { benchAlerts } from './alerts.js'
 import { benchPay } from './pay.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
@@ -20,6 +21,7 @@ const benches: Record<string, () => Promise<void>> = {
   proxy: () => benchProxy({ count: 30_000, maxMs: 10_000 }),
   peers: () => benchPeers(5, 4),
   devnet: benchDevnet,
+  alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
 }
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))
