@@ -169,7 +169,7 @@ interface Started {
 /** Stop what a failed start set running, at once (no grace: nothing was served yet). */
 async function stopStarted(s: Started): Promise<void> {
   s.stopSweeping?.()
-  s.notify?.close()
+  await s.notify?.close()
   if (s.api) await closeServer(s.api, 0)
   await s.proxy?.close(0)
   await s.reconciler?.close()
@@ -349,7 +349,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
 async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await Promise.all([closeServer(s.api!, graceMs), s.proxy!.close(graceMs)])
   s.stopSweeping!()
-  s.notify!.close()
+  await s.notify!.close()
   await s.reconciler!.close()
   await s.outbox!.close()
   await s.upstream!.close()

@@ -9,6 +9,7 @@ import { AlertBook } from './alerts.js'
 import { sendEmail, type SmtpSettings } from './channels/email.js'
 import { postJson } from './channels/http.js'
 import { webhookHeaders } from './channels/webhook.js'
+import { builtInKey } from './fire.js'
 import type { Delivery } from './model.js'
 import { Notifier } from './notifier.js'
 import { DeliveryQueue, type Sender } from './queue.js'
@@ -48,7 +49,7 @@ export interface Notifications {
   start(): Promise<void>
   /** Tests: expand every event entry and finish every attempt that is due now. */
   settle(): Promise<void>
-  close(): void
+  close(): Promise<void>
 }
 
 /** How one delivery is attempted, by channel. */
@@ -66,8 +67,9 @@ function sender(d: NotifyDeps, secret: WebhookSecret): Sender {
 }
 
 export function buildNotifications(d: NotifyDeps): Notifications {
-  const spend = new MinuteSpend(d.store)
-  const book = new AlertBook(d.store, d.registry, d.clock, (agentId) => [spend.forget(agentId)])
+  const { store } = d
+  const spend = new MinuteSpend(store)
+  const book = new AlertBook(d.store, d.registry, d.clock, (agentId) => [spend.forget(agentId), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
   const secret = new WebhookSecret(d.store, d.keystore)
   const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), { concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000 })
   const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute })
@@ -90,9 +92,9 @@ export function buildNotifications(d: NotifyDeps): Notifications {
         if (notifier.backlog()) await new Promise((r) => setTimeout(r, 10))
       } while (notifier.backlog())
     },
-    close() {
-      notifier.close()
+    async close() {
       queue.close()
+      await notifier.close()
     },
   }
 }

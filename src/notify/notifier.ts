@@ -69,7 +69,7 @@ export class Notifier {
       const ops: BatchOp[] = []
       if (change.kind === 'rejected') {
         entry = {
-          id: this.newId(r.createdAt),
+          id: this.newId(this.clock.now()),
           kind: 'violation',
           agentId: r.agentId,
           at: r.updatedAt,
@@ -83,7 +83,7 @@ export class Notifier {
         const usage = change.usage
         const budget = this.policies.cachedPolicy(r.agentId)?.dailyBudget
         entry = {
-          ...{ id: this.newId(at), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
+          ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
           ...{ usedToday: usage ? usedToday(usage, at).toString() : r.amount, periodStart: usage?.periodStart ?? null },
           ...(budget !== undefined ? { dailyBudget: budget } : {}),
         }
@@ -107,7 +107,11 @@ export class Notifier {
       return
     }
     this.running = this.drain()
-      .catch((e: unknown) => this.log.error({ err: e }, 'expanding notification events failed; retrying'))
+      .catch((e: unknown) => {
+        if (this.closed) return
+        this.log.error({ err: e }, 'expanding notification events failed; retrying')
+        this.later(1000)
+      })
       .finally(() => {
         this.running = null
         if (this.again) {
@@ -143,12 +147,12 @@ export class Notifier {
     }
   }
 
-  private later(): void {
+  private later(ms = 20): void {
     if (this.retryTimer || this.closed) return
     this.retryTimer = setTimeout(() => {
       this.retryTimer = null
       this.kick()
-    }, 20)
+    }, ms)
     this.retryTimer.unref()
   }
 
@@ -206,8 +210,10 @@ export class Notifier {
     return d
   }
 
-  close(): void {
+  /** Stop expanding (what is left stays stored for the next start) and wait for the pass under way. */
+  async close(): Promise<void> {
     this.closed = true
     if (this.retryTimer) clearTimeout(this.retryTimer)
+    await this.running
   }
 }

@@ -97,7 +97,9 @@ export class DeliveryQueue {
   private pump(): void {
     if (this.closed) return
     const now = this.clock.now()
-    const due = [...this.waiting.values()].filter((d) => !this.inFlight.has(d.id) && (d.nextAt ?? 0) <= now).sort((a, b) => (a.nextAt ?? 0) - (b.nextAt ?? 0))
+    // Full (receivers that hang): nothing to start, and no list of the waiting to build.
+    const due =
+      this.inFlight.size >= this.opts.concurrency ? [] : [...this.waiting.values()].filter((d) => !this.inFlight.has(d.id) && (d.nextAt ?? 0) <= now).sort((a, b) => (a.nextAt ?? 0) - (b.nextAt ?? 0))
     for (const d of due) {
       if (this.inFlight.size >= this.opts.concurrency) break
       this.inFlight.add(d.id)

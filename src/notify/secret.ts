@@ -17,6 +17,7 @@ const newSecret = (): string => `whsec_${randomBytes(32).toString('base64url')}`
 export class WebhookSecret {
   private readonly coll: Collection<string>
   private current: string | null = null
+  private loading: Promise<string> | null = null
 
   constructor(
     store: Store,
@@ -25,11 +26,17 @@ export class WebhookSecret {
     this.coll = store.collection('notifySettings')
   }
 
-  async get(): Promise<string> {
-    if (this.current) return this.current
-    const blob = await this.coll.get(KEY)
-    if (blob === undefined) return this.rotate()
-    return this.hold(this.keystore.decrypt(blob, CONTEXT).toString('utf8'))
+  get(): Promise<string> {
+    if (this.current) return Promise.resolve(this.current)
+    // One read (or creation) however many callers ask at once.
+    this.loading ??= (async () => {
+      const blob = await this.coll.get(KEY)
+      if (blob === undefined) return this.rotate()
+      return this.hold(this.keystore.decrypt(blob, CONTEXT).toString('utf8'))
+    })().finally(() => {
+      this.loading = null
+    })
+    return this.loading
   }
 
   async rotate(): Promise<string> {

@@ -1,3 +1,4 @@
+import { isIP } from 'node:net'
 import { createTransport } from 'nodemailer'
 import type { EgressGuard } from '../../net/egress.js'
 import { describe } from './describe.js'
@@ -28,29 +29,39 @@ export function emailContent(payload: Record<string, unknown>, deliveryId: strin
  * the name). Delivered means the server accepted it (250).
  */
 export async function sendEmail(egress: EgressGuard, smtp: SmtpSettings, to: string, payload: Record<string, unknown>, deliveryId: string, timeoutMs: number): Promise<AttemptResult> {
+  let transport: ReturnType<typeof createTransport> | null = null
+  let timer: NodeJS.Timeout | undefined
   try {
     const u = new URL(smtp.url)
     const secure = u.protocol === 'smtps:'
     const port = Number(u.port) || (secure ? 465 : 587)
     const host = u.hostname.replace(/^\[|\]$/g, '')
     const [addr] = await egress.check(host, port, { operator: true })
-    const transport = createTransport({
+    transport = createTransport({
       host: addr!.address,
       port,
       secure,
       ...(u.username ? { auth: { user: decodeURIComponent(u.username), pass: decodeURIComponent(u.password) } } : {}),
-      tls: { servername: host },
+      // TLS (and STARTTLS) verify the server's name, not the address connected to.
+      ...(isIP(host) ? {} : { tls: { servername: host } }),
       connectionTimeout: timeoutMs,
       greetingTimeout: timeoutMs,
       socketTimeout: timeoutMs,
     })
     const { subject, text, html } = emailContent(payload, deliveryId)
-    const info = await transport.sendMail({ from: smtp.from, to, subject, text, html, messageId: `<${deliveryId}@paygate>`, headers: { 'X-Paygate-Delivery': deliveryId } })
-    transport.close()
+    const sending = transport.sendMail({ from: smtp.from, to, subject, text, html, messageId: `<${deliveryId}@paygate>`, headers: { 'X-Paygate-Delivery': deliveryId } })
+    // The whole exchange within timeoutMs, as for webhooks.
+    const expired = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs)
+    })
+    const info = await Promise.race([sending, expired])
     const code = Number(/^(\d{3})/.exec(String(info.response))?.[1] ?? 0)
     return code === 250 ? { status: 250, error: null } : { status: code || null, error: `SMTP answered ${String(info.response).slice(0, 200)}` }
   } catch (e) {
     const err = e as { responseCode?: number; message?: string }
     return { status: err.responseCode ?? null, error: String(err.message ?? e).slice(0, 300) }
+  } finally {
+    clearTimeout(timer)
+    transport?.close()
   }
 }

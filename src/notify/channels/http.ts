@@ -1,5 +1,6 @@
 import { request as httpRequest } from 'node:http'
 import { request as httpsRequest } from 'node:https'
+import { isIP } from 'node:net'
 import type { EgressGuard } from '../../net/egress.js'
 
 /** What one attempt got: a status, or none (refused, timed out, reset). */
@@ -38,7 +39,8 @@ export function postJson(egress: EgressGuard, url: string, body: string, headers
       port: Number(u.port) || undefined,
       path: `${u.pathname}${u.search}`,
       method: 'POST',
-      ...(u.protocol === 'https:' ? { servername: u.hostname } : {}),
+      // TLS verifies the name asked for (SNI takes names only).
+      ...(u.protocol === 'https:' && !isIP(u.hostname.replace(/^\[|\]$/g, '')) ? { servername: u.hostname } : {}),
       headers: { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), 'user-agent': 'paygate-notify/1', ...authHeader(u), ...headers },
       agent: false,
     })
