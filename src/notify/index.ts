@@ -69,7 +69,7 @@ function sender(d: NotifyDeps, secret: WebhookSecret): Sender {
 export function buildNotifications(d: NotifyDeps): Notifications {
   const { store } = d
   const spend = new MinuteSpend(store)
-  const book = new AlertBook(d.store, d.registry, d.clock, (agentId) => [spend.forget(agentId), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
+  const book = new AlertBook(d.store, d.registry, d.clock, (agentId) => [...spend.forget(agentId), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
   const secret = new WebhookSecret(d.store, d.keystore)
   const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), { concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000 })
   const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute })

@@ -87,7 +87,7 @@ export class Notifier {
           ...{ usedToday: usage ? usedToday(usage, at).toString() : r.amount, periodStart: usage?.periodStart ?? null },
           ...(budget !== undefined ? { dailyBudget: budget } : {}),
         }
-        ops.push(this.spend.add(r.agentId, at, BigInt(r.amount)))
+        ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
       } else return []
       ops.push({ type: 'put', coll: this.events as Collection<unknown>, key: entry.id, value: entry })
       this.pending.push({ id: entry.id, since: this.clock.now() })

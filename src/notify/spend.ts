@@ -14,44 +14,61 @@ const MINUTE_MS = 60_000
 /** 24 h (the longest window) plus the minute a window's start falls in. */
 const HORIZON_MS = 24 * 60 * MINUTE_MS + MINUTE_MS
 
-type Buckets = [minuteStart: number, units: string][]
+const keyOf = (agentId: string, minute: number): string => `${agentId}\u0000${minute.toString(36).padStart(9, '0')}`
 
 /**
  * Per-agent minute buckets of paid amounts, kept by the notifications record hook in the
  * same write as each paid record (so they never disagree with the records after a crash),
- * held in memory and loaded once at start.
+ * held in memory and loaded once at start. One small key per agent and minute: a payment
+ * writes its minute's total, and a new minute deletes the buckets past 24 h.
  */
 export class MinuteSpend implements SpendWindow {
-  private readonly coll: Collection<Buckets>
-  private readonly byAgent = new Map<string, Buckets>()
+  private readonly coll: Collection<string>
+  private readonly byAgent = new Map<string, Map<number, bigint>>()
 
   constructor(store: Store) {
     this.coll = store.collection('notifySpend')
   }
 
   async load(): Promise<void> {
-    for await (const [agentId, b] of this.coll.entries()) this.byAgent.set(agentId, b)
+    for await (const [key, units] of this.coll.entries()) {
+      const i = key.lastIndexOf('\u0000')
+      const agentId = key.slice(0, i)
+      let m = this.byAgent.get(agentId)
+      if (!m) this.byAgent.set(agentId, (m = new Map()))
+      m.set(Number.parseInt(key.slice(i + 1), 36), BigInt(units))
+    }
   }
 
-  /** Count a payment at `at` (synchronous: runs inside the record hook); the op writes the newest buckets when logged. */
-  add(agentId: string, at: number, units: bigint): BatchOp {
-    const start = at - (at % MINUTE_MS)
-    const kept = (this.byAgent.get(agentId) ?? []).filter(([b]) => b > at - HORIZON_MS)
-    const last = kept[kept.length - 1]
-    if (last && last[0] === start) kept[kept.length - 1] = [start, (BigInt(last[1]) + units).toString()]
-    else kept.push([start, units.toString()])
-    this.byAgent.set(agentId, kept)
-    return { type: 'put', coll: this.coll as Collection<unknown>, key: agentId, value: kept, latest: () => this.byAgent.get(agentId) ?? kept }
+  /** Count a payment at `at` (synchronous: runs inside the record hook); the put writes the minute's newest total when logged. */
+  add(agentId: string, at: number, units: bigint): BatchOp[] {
+    const minute = at - (at % MINUTE_MS)
+    let m = this.byAgent.get(agentId)
+    if (!m) this.byAgent.set(agentId, (m = new Map()))
+    const ops: BatchOp[] = []
+    if (!m.has(minute)) {
+      for (const b of m.keys()) {
+        if (b > at - HORIZON_MS) continue
+        m.delete(b)
+        ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: keyOf(agentId, b) })
+      }
+    }
+    const total = (m.get(minute) ?? 0n) + units
+    m.set(minute, total)
+    const latest = (): string => (this.byAgent.get(agentId)?.get(minute) ?? total).toString()
+    ops.push({ type: 'put', coll: this.coll as Collection<unknown>, key: keyOf(agentId, minute), value: total.toString(), latest })
+    return ops
   }
 
-  forget(agentId: string): BatchOp {
+  forget(agentId: string): BatchOp[] {
+    const m = this.byAgent.get(agentId)
     this.byAgent.delete(agentId)
-    return { type: 'del', coll: this.coll as Collection<unknown>, key: agentId }
+    return [...(m?.keys() ?? [])].map((b): BatchOp => ({ type: 'del', coll: this.coll as Collection<unknown>, key: keyOf(agentId, b) }))
   }
 
   spent(agentId: string, fromMs: number, toMs: number): Promise<bigint> {
     let n = 0n
-    for (const [b, u] of this.byAgent.get(agentId) ?? []) if (b > fromMs && b <= toMs) n += BigInt(u)
+    for (const [b, u] of this.byAgent.get(agentId) ?? []) if (b > fromMs && b <= toMs) n += u
     return Promise.resolve(n)
   }
 }
