@@ -60,7 +60,9 @@ t.test('alerts: validation names the field; agent keys read their own and cannot
   t.equal((await gw.api('POST', '/v1/alerts', { key, body: { agentId: 'a-val', type: 'policy_violation', notify: hook } })).status, 403, 'writing takes the account key')
   t.equal((await gw.api('DELETE', `/v1/alerts/${id}`, { key })).status, 403)
 
-  const patched = await gw.api('PATCH', `/v1/alerts/${id}`, { body: { threshold: 2, window: '5m' } })
+  const shown = (await gw.api('GET', `/v1/alerts/${id}`)).body
+  const patched = await gw.api('PATCH', `/v1/alerts/${id}`, { body: { threshold: 2, window: '5m', notify: shown.notify } })
+  t.equal(gw.gw.notify.book.get(id).notify.type === 'slack' && (gw.gw.notify.book.get(id).notify as { url: string }).url, slack, 'the masked channel sent back keeps the stored URL')
   t.match(patched.body, { threshold: 2, window: '5m', type: 'spend_rate' })
   t.equal((await gw.api('PATCH', `/v1/alerts/${id}`, { body: { window: '7m' } })).body.field, 'window')
   t.equal((await gw.api('DELETE', `/v1/alerts/${id}`)).status, 204)

@@ -20,6 +20,8 @@ export const alertView = (a: Alert): Record<string, unknown> => ({
 function merged(a: Alert, body: Record<string, unknown>): Record<string, unknown> {
   if (body.agentId !== undefined && body.agentId !== a.agentId) throw invalid('agentId', "an alert's agentId cannot change")
   const out: Record<string, unknown> = { agentId: a.agentId, type: a.type, threshold: a.threshold, window: a.window, notify: a.notify, ...body }
+  // The channel as a GET showed it (masked) sent back unchanged keeps the stored one.
+  if (JSON.stringify(body.notify) === JSON.stringify(maskChannel(a.notify))) out.notify = a.notify
   for (const k of Object.keys(out)) if (out[k] === null || out[k] === undefined) delete out[k]
   return out
 }
