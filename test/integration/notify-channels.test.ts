@@ -15,6 +15,10 @@ const smtp = new SMTPServer({
   authOptional: true,
   disabledCommands: ['STARTTLS'],
   logger: false,
+  onRcptTo(address, _session, cb) {
+    if (address.address.startsWith('bounce@')) return cb(Object.assign(new Error('mailbox unavailable'), { responseCode: 550 }))
+    cb()
+  },
   onData(stream, session, cb) {
     const chunks: Buffer[] = []
     stream.on('data', (c: Buffer) => chunks.push(c))
@@ -80,4 +84,12 @@ t.test('slack: a Block Kit message (header, fields, context) with a top-level te
   t.equal(rx.got[0]!.headers['x-service-signature'], undefined, 'Slack gets no signature header')
   const [d] = (await gw.api('GET', `/v1/deliveries?alertId=${r.body.alertId}`)).body.deliveries
   t.notMatch(d.channel.url, /abcdefghij/, 'masked in the delivery log too')
+})
+
+t.test('email: a refused recipient is a failed attempt with the SMTP code, retried on the schedule', async (t) => {
+  const r = await gw.api('POST', '/v1/alerts', { body: { agentId: 'ch', type: 'policy_violation', notify: { type: 'email', address: 'bounce@example.com' } } })
+  await gw.api('POST', `/v1/alerts/${r.body.alertId}/test`)
+  await gw.gw.notify.settle()
+  const [d] = (await gw.api('GET', `/v1/deliveries?alertId=${r.body.alertId}`)).body.deliveries
+  t.match(d, { status: 'retrying', attempts: [{ status: 550, error: /mailbox unavailable/ }] })
 })
