@@ -30,7 +30,7 @@ t.test('SIGKILL between a rejection and its delivery: after restart it is delive
   const refused = await call(first.url, 'POST', '/v1/pay', acct, { agentId: 'kill', endpoint: `${m.url}/paid` })
   t.same([refused.status, refused.body.reason], [402, 'domain_blocked'])
   // Its delivery is in flight (the receiver holds it unanswered) ...
-  await rx.waitFor(1)
+  await rx.waitFor(1, 60_000)
   t.equal(rx.got.length, 1, 'the first attempt reached the receiver')
   // ... and a second rejection is refused right before the kill, its delivery wherever it got to.
   const second = await call(first.url, 'POST', '/v1/pay', acct, { agentId: 'kill', endpoint: `${m.url}/paid` })
@@ -40,7 +40,7 @@ t.test('SIGKILL between a rejection and its delivery: after restart it is delive
   rx.setMode('ok')
   const next = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
   t.teardown(() => next.stop('SIGKILL'))
-  const end = Date.now() + 30_000
+  const end = Date.now() + 60_000
   let delivered: any[] = []
   while (Date.now() < end) {
     delivered = (await call(next.url, 'GET', `/v1/deliveries?alertId=${alert.body.alertId}`, acct)).body.deliveries
