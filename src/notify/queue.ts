@@ -27,14 +27,15 @@ const SWEEP_EVERY_MS = 3_600_000
 /**
  * The durable delivery queue. Every delivery is a record in the store (`notifyDeliveries`,
  * with its body bytes, attempts and next due time); those not yet delivered or dropped are
- * also indexed (`notifyDue`) and held in memory, so a restart picks the schedule up where it
+ * also indexed (`notifyDue`, id to due time, that index alone held in memory), so a restart picks the schedule up where it
  * was. Attempts run at most `concurrency` at once, off the payment path; each result is
  * written after the attempt, so a crash mid-attempt repeats it (at least once, same id).
  */
 export class DeliveryQueue {
   readonly coll: Collection<Delivery>
   readonly dueColl: Collection<number>
-  private readonly waiting = new Map<string, Delivery>()
+  /** Deliveries waiting (pending, retrying) by id, with when they are due: the records stay on disk, read when attempted. */
+  private readonly waiting = new Map<string, number>()
   private readonly inFlight = new Set<string>()
   private readonly running = new Set<Promise<void>>()
   private timer: NodeJS.Timeout | null = null
@@ -55,12 +56,8 @@ export class DeliveryQueue {
   }
 
   async start(): Promise<void> {
-    const ids: string[] = []
-    for await (const id of this.dueColl.keys()) ids.push(id)
-    for (const [i, d] of (await this.coll.getMany(ids)).entries()) {
-      if (d && (d.status === 'pending' || d.status === 'retrying')) this.waiting.set(d.id, d)
-      else void this.dueColl.del(ids[i]!)
-    }
+    // The index is written with every change of a delivery, so it holds exactly the waiting ones.
+    for await (const [id, nextAt] of this.dueColl.entries()) this.waiting.set(id, nextAt)
     this.sweepTimer = setInterval(() => void this.sweep().catch((e: unknown) => this.log.warn({ err: e }, 'sweeping old deliveries failed')), SWEEP_EVERY_MS)
     this.sweepTimer.unref()
     this.kick()
@@ -81,7 +78,7 @@ export class DeliveryQueue {
 
   /** Take deliveries whose ops are written. */
   accept(ds: readonly Delivery[]): void {
-    for (const d of ds) this.waiting.set(d.id, d)
+    for (const d of ds) this.waiting.set(d.id, d.nextAt ?? 0)
     this.kick()
   }
 
@@ -98,13 +95,12 @@ export class DeliveryQueue {
     if (this.closed) return
     const now = this.clock.now()
     // Full (receivers that hang): nothing to start, and no list of the waiting to build.
-    const due =
-      this.inFlight.size >= this.opts.concurrency ? [] : [...this.waiting.values()].filter((d) => !this.inFlight.has(d.id) && (d.nextAt ?? 0) <= now).sort((a, b) => (a.nextAt ?? 0) - (b.nextAt ?? 0))
-    for (const d of due) {
+    const due = this.inFlight.size >= this.opts.concurrency ? [] : [...this.waiting].filter(([id, at]) => !this.inFlight.has(id) && at <= now).sort((a, b) => a[1] - b[1])
+    for (const [id] of due) {
       if (this.inFlight.size >= this.opts.concurrency) break
-      this.inFlight.add(d.id)
-      const p = this.attempt(d).finally(() => {
-        this.inFlight.delete(d.id)
+      this.inFlight.add(id)
+      const p = this.attempt(id).finally(() => {
+        this.inFlight.delete(id)
         this.running.delete(p)
         this.kick()
       })
@@ -128,7 +124,12 @@ export class DeliveryQueue {
     }
   }
 
-  private async attempt(d: Delivery): Promise<void> {
+  private async attempt(id: string): Promise<void> {
+    const d = await this.coll.get(id).catch(() => undefined)
+    if (!d || (d.status !== 'pending' && d.status !== 'retrying')) {
+      if (!this.closed) this.waiting.delete(id)
+      return
+    }
     let r: AttemptResult
     try {
       r = await this.send(d)
@@ -149,7 +150,7 @@ export class DeliveryQueue {
       return
     }
     if (next.status === 'delivered' || next.status === 'dropped') this.waiting.delete(d.id)
-    else this.waiting.set(d.id, next)
+    else this.waiting.set(d.id, next.nextAt ?? 0)
     if (next.status === 'dropped') {
       this.log.warn({ deliveryId: d.id, event: d.event, agentId: d.agentId, channel: maskChannel(d.channel), attempts: attempts.length, error: r.error }, 'notification dropped after its last retry')
     }
@@ -164,7 +165,7 @@ export class DeliveryQueue {
   }
 
   async get(id: string): Promise<Delivery> {
-    const d = this.waiting.get(id) ?? (await this.coll.get(id))
+    const d = await this.coll.get(id)
     if (!d) throw notFound(`delivery ${id}`)
     return d
   }
@@ -186,9 +187,8 @@ export class DeliveryQueue {
     let scanned = 0
     for await (const [, d] of this.coll.entries({ reverse: true, ...(f.cursor ? { lt: f.cursor } : {}) })) {
       scanned++
-      const cur = this.waiting.get(d.id) ?? d
-      if ((f.agentId && cur.agentId !== f.agentId) || (f.alertId && cur.alertId !== f.alertId) || (f.status && cur.status !== f.status)) continue
-      out.push(cur)
+      if ((f.agentId && d.agentId !== f.agentId) || (f.alertId && d.alertId !== f.alertId) || (f.status && d.status !== f.status)) continue
+      out.push(d)
       if (out.length > f.limit || scanned > 100_000) break
     }
     const more = out.length > f.limit
