@@ -4,6 +4,7 @@
  */
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
+import { benchAlerts } from './alerts.js'
 import { benchPay } from './pay.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
@@ -22,6 +23,7 @@ const benches: Record<string, () => Promise<void>> = {
   peers: () => benchPeers(5, 4),
   devnet: benchDevnet,
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
+  alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
 }
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))

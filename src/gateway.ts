@@ -18,6 +18,10 @@ import { runRoutes } from './api/routes/runs.js'
 import { InvocationRunner } from './invoke/runner.js'
 import { closeInterrupted } from './invoke/recover.js'
 import { InvocationBook } from './policy/invocations.js'
+import { alertRoutes } from './api/routes/alerts.js'
+import { deliveryRoutes } from './api/routes/deliveries.js'
+import { webhookRoutes } from './api/routes/webhooks.js'
+import { buildNotifications, type Notifications } from './notify/index.js'
 import { LedgerWriter } from './chain/ledger-tx.js'
 import { PaymentEngine } from './engine/engine.js'
 import { MppAdapter, type MppSettings } from './engine/adapters/mpp.js'
@@ -80,6 +84,8 @@ export interface Gateway {
   readonly reconciler: Reconciler
   readonly proxy: ProxyServer
   readonly ca: CertificateAuthority
+  /** Alerts, webhook endpoints and the delivery queue (`notify.queueDepth()` for the metrics gauge). */
+  readonly notify: Notifications
   /** The egress guard every agent connection passes (its counters count denials). */
   readonly egress: EgressGuard
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
@@ -165,12 +171,14 @@ interface Started {
   reconciler?: Reconciler
   proxy?: ProxyServer
   api?: Server
+  notify?: Notifications
   stopSweeping?: () => void
 }
 
 /** Stop what a failed start set running, at once (no grace: nothing was served yet). */
 async function stopStarted(s: Started): Promise<void> {
   s.stopSweeping?.()
+  await s.notify?.close()
   if (s.api) await closeServer(s.api, 0)
   await s.proxy?.close(0)
   await s.reconciler?.close()
@@ -217,7 +225,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
   await outbox.start()
-  return { store, registry, policies, accountKey, chain, walletStore, wallets, transactions, outbox }
+  return { store, registry, policies, accountKey, keystore, chain, walletStore, wallets, transactions, outbox }
 }
 type Ledger = Awaited<ReturnType<typeof buildLedger>>
 
@@ -260,8 +268,21 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
 }
 type Paying = ReturnType<typeof buildEngine>
 
+/** Notifications: alerts, webhook endpoints, the notifier on the record hook, the delivery queue on disk. */
+async function buildNotify({ config, log, clock }: Ctx, l: Ledger, p: Paying, egress: EgressGuard, s: Started): Promise<Notifications> {
+  const { smtp } = config
+  if ((smtp.url === null) !== (smtp.from === null)) throw new PaygateError('invalid_config', 'smtp.url and smtp.from go together: set both for e-mail alerts, or neither')
+  const notify = (s.notify = buildNotifications({
+    ...{ store: l.store, registry: l.registry, policies: l.policies, keystore: l.keystore, egress, clock, log },
+    settings: { ...config.notify, smtp: smtp.url && smtp.from ? { url: smtp.url, from: smtp.from } : null },
+  }))
+  await notify.start()
+  p.hooks.add(notify.notifier.contributor)
+  return notify
+}
+
 /** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
-function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
+function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notify: Notifications): { router: Router; api: Server } {
   const router = new Router().add(
     ...invokeRoutes(p.runner, p.invocations, p.idempotency),
     ...healthRoutes([
@@ -275,6 +296,9 @@ function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying): { ro
     ...transactionRoutes(l.transactions),
     ...runRoutes(p.invocations),
     ...summaryRoutes({ store: l.store, chain: l.chain, outbox: l.outbox }),
+    ...alertRoutes(notify),
+    ...webhookRoutes(notify),
+    ...deliveryRoutes(notify),
   )
   const api = createApiServer({
     router,
@@ -317,7 +341,8 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const paying = buildEngine(ctx, ledger, egress, s)
     const interrupted = await closeInterrupted(paying.invocations, paying.runner, ledger.transactions)
     if (interrupted) ctx.log.warn({ invocations: interrupted }, 'closed invocations left open by the last run as interrupted')
-    const { router, api } = buildApi(ctx, ledger, paying)
+    const notify = await buildNotify(ctx, ledger, paying, egress, s)
+    const { router, api } = buildApi(ctx, ledger, paying, notify)
     s.api = api
     const ca = await CertificateAuthority.load(config.certsDir)
     const proxy = (s.proxy = buildProxy(ctx, ledger, paying, ca))
@@ -331,7 +356,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const { engine, events, hooks, reconciler } = paying
     let closing: Promise<void> | undefined
     return {
-      ...{ config, store: s.store, registry, policies, chain, wallets, engine, transactions, outbox, events, hooks, reconciler, proxy, ca, egress, accountKey },
+      ...{ config, store: s.store, registry, policies, chain, wallets, engine, transactions, outbox, events, hooks, reconciler, proxy, ca, egress, accountKey, notify },
       apiUrl: urlOf(addr),
       proxyUrl: urlOf(proxyAddr),
       close: () => (closing ??= closeStarted(s, config.shutdown.graceMs)),
@@ -346,6 +371,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
 async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await Promise.all([closeServer(s.api!, graceMs), s.proxy!.close(graceMs)])
   s.stopSweeping!()
+  await s.notify!.close()
   await s.reconciler!.close()
   await s.outbox!.close()
   await s.upstream!.close()

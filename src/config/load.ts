@@ -61,6 +61,8 @@ export interface Config {
   /** Entries as written (validated); net/egress-decide.ts parses them. */
   egress: { allow: string[]; deny: string[] }
   upstream: { caFile: string | null }
+  notify: { timeoutMs: number; concurrency: number; retentionDays: number; endpointPerMinute: number }
+  smtp: { url: string | null; from: string | null }
   log: { level: string }
   shutdown: { graceMs: number }
 }

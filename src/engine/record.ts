@@ -129,7 +129,7 @@ export class Recorder {
             : {}),
           ledger: { status: 'queued' },
         }
-        return this.ops({ kind: 'paid', record: next, prev: rec }, [usageOp])
+        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed }, [usageOp])
       })
       return { ops: [], result: outcome(pending) }
     })

@@ -1,3 +1,4 @@
+import type { UsageState } from '../policy/usage.js'
 import type { BatchOp } from '../store/index.js'
 import type { TxRecord } from './transactions.js'
 
@@ -5,12 +6,13 @@ import type { TxRecord } from './transactions.js'
  * A change to a transaction record, as the engine writes it. `rejected`: a policy refusal,
  * recorded; `reserved`: the hold and the pending record; `paid`: settled, with its ledger
  * record; `finished`: closed unpaid (failed, released) or left open (held); without `prev`
- * when it failed before anything was reserved (insufficient funds).
+ * when it failed before anything was reserved (insufficient funds). `paid` carries the agent's
+ * usage with this payment committed (its budget period and spend, as the policy sees them).
  */
 export type RecordChange =
   | { kind: 'rejected'; record: TxRecord }
   | { kind: 'reserved'; record: TxRecord }
-  | { kind: 'paid'; record: TxRecord; prev: TxRecord }
+  | { kind: 'paid'; record: TxRecord; prev: TxRecord; usage?: UsageState }
   | { kind: 'finished'; record: TxRecord; prev?: TxRecord }
 
 /** Returns store operations to write in the same atomic batch as the record (aggregates, an event outbox entry). */

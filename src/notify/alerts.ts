@@ -1,0 +1,119 @@
+import type { Registry } from '../agents/registry.js'
+import { PaygateError, notFound } from '../errors/index.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+import { randomBase62 } from '../util/random.js'
+import type { Fired } from './fire.js'
+import { MAX_ALERTS_PER_AGENT, MAX_WEBHOOK_ENDPOINTS, type Alert, type AlertInput, type SpecEvent, type WebhookEndpoint } from './model.js'
+
+/**
+ * Alerts per agent and the account's webhook endpoints, in the store and held in memory
+ * (loaded once at start): the notifier reads them per event without a store read. An
+ * agent's alerts and their fired state go in the same batch as the agent's delete.
+ */
+export class AlertBook {
+  readonly alertsColl: Collection<Alert>
+  readonly endpointsColl: Collection<WebhookEndpoint>
+  readonly firedColl: Collection<Fired>
+  private readonly alerts = new Map<string, Alert>()
+  private readonly endpoints = new Map<string, WebhookEndpoint>()
+
+  constructor(
+    private readonly store: Store,
+    private readonly registry: Registry,
+    private readonly clock: Clock,
+    onAgentGone: (agentId: string) => BatchOp[],
+  ) {
+    this.alertsColl = store.collection('alerts')
+    this.endpointsColl = store.collection('webhookEndpoints')
+    this.firedColl = store.collection('alertFired')
+    registry.onAgentDelete(
+      (agentId) => [
+        ...this.ofAgent(agentId).flatMap((a): BatchOp[] => [
+          { type: 'del', coll: this.alertsColl as Collection<unknown>, key: a.alertId },
+          { type: 'del', coll: this.firedColl as Collection<unknown>, key: a.alertId },
+        ]),
+        ...onAgentGone(agentId),
+      ],
+      (agentId) => {
+        for (const a of this.ofAgent(agentId)) this.alerts.delete(a.alertId)
+      },
+    )
+  }
+
+  async load(): Promise<void> {
+    for await (const [id, a] of this.alertsColl.entries()) this.alerts.set(id, a)
+    for await (const [id, w] of this.endpointsColl.entries()) this.endpoints.set(id, w)
+  }
+
+  all(): Alert[] {
+    return [...this.alerts.values()]
+  }
+
+  ofAgent(agentId: string): Alert[] {
+    return [...this.alerts.values()].filter((a) => a.agentId === agentId)
+  }
+
+  get(alertId: string): Alert {
+    const a = this.alerts.get(alertId)
+    if (!a) throw notFound(`alert ${alertId}`)
+    return a
+  }
+
+  async create(input: AlertInput): Promise<Alert> {
+    return this.registry.withAgent(input.agentId, async () => {
+      if (this.ofAgent(input.agentId).length >= MAX_ALERTS_PER_AGENT) throw new PaygateError('conflict', `an agent has at most ${MAX_ALERTS_PER_AGENT} alerts`)
+      const alert: Alert = { alertId: `al_${randomBase62(16)}`, ...input, createdAt: new Date(this.clock.now()).toISOString() }
+      await this.alertsColl.put(alert.alertId, alert)
+      this.alerts.set(alert.alertId, alert)
+      return alert
+    })
+  }
+
+  /** Replace an alert's settings; its fired state starts over (a changed alert is judged anew). */
+  async update(alertId: string, input: AlertInput): Promise<Alert> {
+    const prev = this.get(alertId)
+    return this.registry.withAgent(prev.agentId, async () => {
+      const next: Alert = { alertId, ...input, agentId: prev.agentId, createdAt: prev.createdAt }
+      await this.store.batch([
+        { type: 'put', coll: this.alertsColl as Collection<unknown>, key: alertId, value: next },
+        { type: 'del', coll: this.firedColl as Collection<unknown>, key: alertId },
+      ])
+      this.alerts.set(alertId, next)
+      return next
+    })
+  }
+
+  async remove(alertId: string): Promise<void> {
+    this.get(alertId)
+    await this.store.batch([
+      { type: 'del', coll: this.alertsColl as Collection<unknown>, key: alertId },
+      { type: 'del', coll: this.firedColl as Collection<unknown>, key: alertId },
+    ])
+    this.alerts.delete(alertId)
+  }
+
+  listEndpoints(): WebhookEndpoint[] {
+    return [...this.endpoints.values()].sort((a, b) => a.createdAt.localeCompare(b.createdAt))
+  }
+
+  endpoint(webhookId: string): WebhookEndpoint {
+    const w = this.endpoints.get(webhookId)
+    if (!w) throw notFound(`webhook ${webhookId}`)
+    return w
+  }
+
+  async addEndpoint(url: string, events: SpecEvent[]): Promise<WebhookEndpoint> {
+    if (this.endpoints.size >= MAX_WEBHOOK_ENDPOINTS) throw new PaygateError('conflict', `the account has at most ${MAX_WEBHOOK_ENDPOINTS} webhook endpoints`)
+    const w: WebhookEndpoint = { webhookId: `wh_${randomBase62(16)}`, url, events, createdAt: new Date(this.clock.now()).toISOString() }
+    await this.endpointsColl.put(w.webhookId, w)
+    this.endpoints.set(w.webhookId, w)
+    return w
+  }
+
+  async removeEndpoint(webhookId: string): Promise<void> {
+    this.endpoint(webhookId)
+    await this.endpointsColl.del(webhookId)
+    this.endpoints.delete(webhookId)
+  }
+}

@@ -1,0 +1,100 @@
+import type { Registry } from '../agents/registry.js'
+import type { Logger } from '../log/index.js'
+import type { EgressGuard } from '../net/egress.js'
+import type { PolicyStore } from '../policy/store.js'
+import type { Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+import type { Keystore } from '../wallet/keystore.js'
+import { AlertBook } from './alerts.js'
+import { sendEmail, type SmtpSettings } from './channels/email.js'
+import { postJson } from './channels/http.js'
+import { webhookHeaders } from './channels/webhook.js'
+import { builtInKey } from './fire.js'
+import type { Delivery } from './model.js'
+import { Notifier } from './notifier.js'
+import { DeliveryQueue, type Sender } from './queue.js'
+import { WebhookSecret } from './secret.js'
+import { MinuteSpend, type SpendWindow } from './spend.js'
+
+export interface NotifySettings {
+  timeoutMs: number
+  concurrency: number
+  retentionDays: number
+  endpointPerMinute: number
+  smtp: SmtpSettings | null
+}
+
+export interface NotifyDeps {
+  store: Store
+  registry: Registry
+  policies: PolicyStore
+  keystore: Keystore
+  egress: EgressGuard
+  clock: Clock
+  log: Logger
+  settings: NotifySettings
+  /** Where spend_rate reads an agent's spend over a window (default: the notifier's own minute buckets). */
+  spendWindow?: SpendWindow
+}
+
+/** Alerts, account webhook endpoints, the signing secret, the notifier and its delivery queue. */
+export interface Notifications {
+  readonly book: AlertBook
+  readonly secret: WebhookSecret
+  readonly queue: DeliveryQueue
+  readonly notifier: Notifier
+  readonly smtpConfigured: boolean
+  /** Deliveries waiting (pending or retrying): for the metrics export. */
+  queueDepth(): number
+  start(): Promise<void>
+  /** Tests: expand every event entry and finish every attempt that is due now. */
+  settle(): Promise<void>
+  close(): Promise<void>
+}
+
+/** How one delivery is attempted, by channel. */
+function sender(d: NotifyDeps, secret: WebhookSecret): Sender {
+  const { egress, settings } = d
+  return async (x: Delivery) => {
+    const c = x.channel
+    if (c.type === 'email') {
+      if (!settings.smtp) return { status: null, error: 'SMTP is not configured (smtp.url, smtp.from)' }
+      return sendEmail(egress, settings.smtp, c.address, JSON.parse(x.body) as Record<string, unknown>, x.id, settings.timeoutMs)
+    }
+    const headers = c.type === 'webhook' ? webhookHeaders(await secret.get(), x.body, x.id, x.event) : { 'x-paygate-delivery': x.id }
+    return postJson(egress, c.url, x.body, headers, settings.timeoutMs)
+  }
+}
+
+export function buildNotifications(d: NotifyDeps): Notifications {
+  const { store } = d
+  const spend = new MinuteSpend(store)
+  const book = new AlertBook(d.store, d.registry, d.clock, (agentId) => [...spend.forget(agentId), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
+  const secret = new WebhookSecret(d.store, d.keystore)
+  const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), { concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000 })
+  const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute })
+  return {
+    book,
+    secret,
+    queue,
+    notifier,
+    smtpConfigured: d.settings.smtp !== null,
+    queueDepth: () => queue.depth(),
+    async start() {
+      await Promise.all([book.load(), spend.load()])
+      await queue.start()
+      await notifier.start()
+    },
+    async settle() {
+      do {
+        await notifier.idle()
+        await queue.settle()
+        if (notifier.backlog()) await new Promise((r) => setTimeout(r, 10))
+      } while (notifier.backlog())
+    },
+    async close() {
+      queue.close()
+      await notifier.close()
+    },
+  }
+}

@@ -1,0 +1,219 @@
+import type { RecordChange } from '../ledger/record-hooks.js'
+import type { Logger } from '../log/index.js'
+import type { RateWindow } from '../policy/model.js'
+import type { PolicyStore } from '../policy/store.js'
+import { usedToday } from '../policy/usage.js'
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import type { Clock } from '../util/clock.js'
+import type { AlertBook } from './alerts.js'
+import { slackMessage } from './channels/slack.js'
+import { builtInKey, capKey, fire, testPayload, windowsOf, type Fired, type Message } from './fire.js'
+import type { Alert, Delivery, EventEntry } from './model.js'
+import { type DeliveryQueue, newDeliveryId } from './queue.js'
+import type { MinuteSpend, SpendWindow } from './spend.js'
+
+/** An event entry not found this long after its record hook ran belongs to a write that failed: forgotten. */
+const UNWRITTEN_AFTER_MS = 30_000
+
+export interface NotifierOptions {
+  /** Deliveries per account webhook endpoint per minute (a storm of refusals must not become a storm of webhooks). */
+  endpointPerMinute: number
+}
+
+/**
+ * The notifier: its record-hook contributor writes an event entry (`notifyEvents`) in the
+ * same atomic write as each rejected or paid record, so no event is lost in a crash and
+ * none exists for a record that was not written. It then expands each entry, in order,
+ * into deliveries and the alerts' fired state in one batch of its own that also deletes
+ * the entry, and hands the deliveries to the queue. Payments never wait for any of it.
+ */
+export class Notifier {
+  readonly events: Collection<EventEntry>
+  private pending: { id: string; since: number }[] = []
+  private seq = 0
+  private running: Promise<void> | null = null
+  private again = false
+  private closed = false
+  private retryTimer: NodeJS.Timeout | null = null
+
+  constructor(
+    private readonly store: Store,
+    private readonly book: AlertBook,
+    private readonly policies: PolicyStore,
+    private readonly spend: MinuteSpend,
+    private readonly window: SpendWindow,
+    private readonly queue: DeliveryQueue,
+    private readonly clock: Clock,
+    private readonly log: Logger,
+    private readonly opts: NotifierOptions,
+  ) {
+    this.events = store.collection('notifyEvents')
+  }
+
+  /** Entries left by the last run (written, not yet expanded) are expanded first. */
+  async start(): Promise<void> {
+    const now = this.clock.now()
+    for await (const id of this.events.keys()) this.pending.push({ id, since: now })
+    this.kick()
+  }
+
+  private newId(at: number): string {
+    return `ev_${at.toString(36).padStart(9, '0')}${(this.seq++ % 36 ** 6).toString(36).padStart(6, '0')}`
+  }
+
+  /** The record-hook contributor: synchronous, never throws. */
+  readonly contributor = (change: RecordChange): BatchOp[] => {
+    try {
+      const r = change.record
+      let entry: EventEntry
+      const ops: BatchOp[] = []
+      if (change.kind === 'rejected') {
+        entry = {
+          id: this.newId(this.clock.now()),
+          kind: 'violation',
+          agentId: r.agentId,
+          at: r.updatedAt,
+          txId: r.id,
+          reason: r.reason ?? 'policy_violation',
+          detail: r.detail ?? '',
+          endpoint: r.endpoint,
+        }
+      } else if (change.kind === 'paid') {
+        const at = r.updatedAt
+        const usage = change.usage
+        const budget = this.policies.cachedPolicy(r.agentId)?.dailyBudget
+        entry = {
+          ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
+          ...{ usedToday: usage ? usedToday(usage, at).toString() : r.amount, periodStart: usage?.periodStart ?? null },
+          ...(budget !== undefined ? { dailyBudget: budget } : {}),
+        }
+        ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
+      } else return []
+      ops.push({ type: 'put', coll: this.events as Collection<unknown>, key: entry.id, value: entry })
+      this.pending.push({ id: entry.id, since: this.clock.now() })
+      setImmediate(() => this.kick())
+      return ops
+    } catch (e) {
+      this.log.error({ err: e }, 'the notifications record hook failed; this record sends no notification')
+      return []
+    }
+  }
+
+  /** Expand what is pending (one pass at a time; a call meanwhile runs another after it). */
+  kick(): void {
+    if (this.closed) return
+    if (this.running) {
+      this.again = true
+      return
+    }
+    this.running = this.drain()
+      .catch((e: unknown) => {
+        if (this.closed) return
+        this.log.error({ err: e }, 'expanding notification events failed; retrying')
+        this.later(1000)
+      })
+      .finally(() => {
+        this.running = null
+        if (this.again) {
+          this.again = false
+          this.kick()
+        }
+      })
+  }
+
+  /** Event entries not yet expanded. */
+  backlog(): number {
+    return this.pending.length
+  }
+
+  /** Tests and the bench: expand what is pending now and wait until nothing is being expanded. */
+  async idle(): Promise<void> {
+    this.kick()
+    while (this.running) await this.running
+  }
+
+  private async drain(): Promise<void> {
+    while (this.pending.length && !this.closed) {
+      const p = this.pending[0]!
+      const entry = await this.events.get(p.id)
+      if (!entry) {
+        // Its batch is not logged yet (look again soon, keeping the order), or it failed (forgotten).
+        if (this.clock.now() - p.since < UNWRITTEN_AFTER_MS) return this.later()
+        this.pending.shift()
+        continue
+      }
+      await this.expand(entry)
+      this.pending.shift()
+    }
+  }
+
+  private later(ms = 20): void {
+    if (this.retryTimer || this.closed) return
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null
+      this.kick()
+    }, ms)
+    this.retryTimer.unref()
+  }
+
+  /** One event: its deliveries, the changed fired state and the entry's delete, in one batch. */
+  private async expand(ev: EventEntry): Promise<void> {
+    const alerts = this.book.ofAgent(ev.agentId)
+    const endpoints = this.book.listEndpoints()
+    const keys = [...alerts.map((a) => a.alertId), builtInKey(ev.agentId), ...endpoints.map((w) => capKey(w.webhookId))]
+    const states = await this.book.firedColl.getMany(keys)
+    const fired = new Map<string, Fired>()
+    for (const [i, s] of states.entries()) if (s) fired.set(keys[i]!, s)
+    let dailyBudget: bigint | null = null
+    const windowSpend = new Map<RateWindow, bigint>()
+    if (ev.kind === 'paid') {
+      const b = ev.dailyBudget !== undefined ? ev.dailyBudget : (await this.policies.policyOf(ev.agentId)).dailyBudget
+      dailyBudget = b === undefined || b === null ? null : BigInt(b)
+      for (const [w, ms] of windowsOf(alerts)) windowSpend.set(w, await this.window.spent(ev.agentId, ev.at - ms, ev.at))
+    }
+    const out = fire({ event: ev, alerts, endpoints, fired, dailyBudget, windowSpend, endpointPerMinute: this.opts.endpointPerMinute })
+    const now = this.clock.now()
+    const deliveries = out.messages.map((m) => this.delivery(m, now))
+    const ops: BatchOp[] = [...this.queue.ops(deliveries), { type: 'del', coll: this.events as Collection<unknown>, key: ev.id }]
+    for (const [k, s] of out.fired) ops.push({ type: 'put', coll: this.book.firedColl as Collection<unknown>, key: k, value: s })
+    await this.store.batch(ops)
+    this.queue.accept(deliveries)
+    for (const [webhookId, n] of out.capped) this.log.warn({ webhookId, skipped: n, event: ev.kind }, 'webhook endpoint over its per-minute cap; deliveries skipped')
+  }
+
+  /** A delivery of one message: its body bytes fixed now, sent the same on every attempt. */
+  private delivery(m: Message, now: number): Delivery {
+    const id = newDeliveryId(now)
+    const body = m.channel.type === 'slack' ? JSON.stringify(slackMessage(m.payload, id)) : JSON.stringify(m.payload)
+    return {
+      id,
+      event: m.event,
+      agentId: String(m.payload.agentId),
+      alertId: m.alertId,
+      webhookId: m.webhookId,
+      channel: m.channel,
+      body,
+      status: 'pending',
+      attempts: [],
+      nextAt: now,
+      createdAt: now,
+      updatedAt: now,
+    }
+  }
+
+  /** `POST /v1/alerts/<id>/test`: an `alert.test` through the alert's channel. */
+  async test(alert: Alert): Promise<Delivery> {
+    const now = this.clock.now()
+    const d = this.delivery({ event: 'alert.test', payload: testPayload(alert, now), channel: alert.notify, alertId: alert.alertId, webhookId: null }, now)
+    await this.store.batch(this.queue.ops([d]))
+    this.queue.accept([d])
+    return d
+  }
+
+  /** Stop expanding (what is left stays stored for the next start) and wait for the pass under way. */
+  async close(): Promise<void> {
+    this.closed = true
+    if (this.retryTimer) clearTimeout(this.retryTimer)
+    await this.running
+  }
+}
