@@ -197,8 +197,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   const { store } = s
   const registry = new Registry(store, clock, config.accountKey)
   const policies = new PolicyStore(store, registry, clock)
-  const accountKey = await registry.bootstrapAccountKey(config.dataDir)
-  const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+  const { keystore, commit: commitKeys } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
   const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
   const walletStore = new Wallets(store, registry, keystore, clock)
   const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
@@ -208,7 +207,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
   await outbox.start()
-  return { store, registry, policies, accountKey, chain, walletStore, wallets, transactions, outbox }
+  return { store, registry, policies, commitKeys, chain, walletStore, wallets, transactions, outbox }
 }
 type Ledger = Awaited<ReturnType<typeof buildLedger>>
 
@@ -304,8 +303,12 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     egress.protect(addr.port)
     const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host, 'proxy.port')
     egress.protect(proxyAddr.port)
+    // Key files only once nothing else can fail: a failed start leaves none that would change
+    // the next (which then makes and shows the account key as a first start does).
+    ledger.commitKeys()
+    const accountKey = await ledger.registry.bootstrapAccountKey(config.dataDir)
 
-    const { registry, policies, chain, wallets, transactions, outbox, accountKey } = ledger
+    const { registry, policies, chain, wallets, transactions, outbox } = ledger
     const { engine, events, hooks, reconciler } = paying
     let closing: Promise<void> | undefined
     return {
