@@ -9,6 +9,7 @@ import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
 import { caRoutes } from './api/routes/ca.js'
 import { healthRoutes } from './api/routes/health.js'
+import { openapiRoutes } from './api/routes/openapi.js'
 import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
 import { payRoutes } from './api/routes/pay.js'
@@ -254,7 +255,8 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     ...policyRoutes(l.policies),
     ...walletRoutes(l.wallets, l.chain),
     ...payRoutes(p.engine, p.idempotency),
-    ...transactionRoutes(l.transactions),
+    ...transactionRoutes(l.transactions, l.chain.info),
+    ...openapiRoutes(),
   )
   const api = createApiServer({
     router,

@@ -89,6 +89,9 @@ interface Seen {
 /** Route, authenticate, rate-limit and run one request. */
 async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen, flight: Flight): Promise<Reply> {
   const { router, registry, rateLimit, maxBodyBytes } = deps
+  // Under /v1 a caller without a valid key learns nothing of which paths or methods exist: 401 first.
+  const v1 = url.pathname === '/v1' || url.pathname.startsWith('/v1/')
+  if (v1 && !router.isPublicPath(url.pathname)) seen.identity = await caller(req, registry, rateLimit)
   const match = router.match(req.method ?? 'GET', url.pathname)
   if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
   if ('allow' in match) {
@@ -96,7 +99,7 @@ async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen,
   }
   const { route, params } = match
   if (route.access !== 'public') {
-    seen.identity = await caller(req, registry, rateLimit)
+    seen.identity ??= await caller(req, registry, rateLimit)
     if (route.access === 'account' && seen.identity.kind !== 'account') {
       throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
     }

@@ -1,5 +1,6 @@
 import { PaygateError, invalid, notFound } from '../../errors/index.js'
-import { TX_STATUSES, txView, type Transactions, type TxStatus } from '../../ledger/transactions.js'
+import { networkShown } from '../../chain/chain.js'
+import { TX_STATUSES, txView, type Transactions, type TxRecord, type TxStatus } from '../../ledger/transactions.js'
 import { intParam } from '../http.js'
 import { chainView, nodeOf, treeView } from '../../ledger/trees.js'
 import type { Identity } from '../../agents/registry.js'
@@ -25,7 +26,8 @@ function treeRoute(transactions: Transactions, what: 'chain' | 'tree', view: typ
 }
 
 /** Transactions, newest first; agent keys see only their own agent. */
-export function transactionRoutes(transactions: Transactions): Route[] {
+export function transactionRoutes(transactions: Transactions, chain: { chainId: number; network: string }): Route[] {
+  const view = (r: TxRecord) => txView(r, (n) => networkShown(n, chain))
   return [
     {
       method: 'GET',
@@ -44,7 +46,7 @@ export function transactionRoutes(transactions: Transactions): Route[] {
         const cursor = q.get('cursor') ?? undefined
         if (cursor !== undefined && !/^tx_[0-9a-z]{9}[0-9A-Za-z]{10}$/.test(cursor)) throw invalid('cursor', 'cursor must be a nextCursor value from a previous page')
         const page = await transactions.list({ limit, ...(agentId ? { agentId } : {}), ...(status ? { status: status as TxStatus } : {}), ...(cursor ? { cursor } : {}) })
-        return { status: 200, body: { transactions: page.records.map(txView), nextCursor: page.nextCursor } }
+        return { status: 200, body: { transactions: page.records.map(view), nextCursor: page.nextCursor } }
       },
     },
     {
@@ -55,7 +57,7 @@ export function transactionRoutes(transactions: Transactions): Route[] {
         const r = await transactions.find(ctx.params.id!)
         if (!r) throw notFound(`transaction ${ctx.params.id}`)
         requireAgentAccess(ctx.identity, r.agentId)
-        return { status: 200, body: txView(r) }
+        return { status: 200, body: view(r) }
       },
     },
     treeRoute(transactions, 'chain', chainView),
