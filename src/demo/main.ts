@@ -14,23 +14,13 @@ import { loadConfig } from '../config/load.js'
 import { PaygateError, isPaygateError } from '../errors/index.js'
 import { scrubSecrets } from '../log/index.js'
 import { startDemoMerchant, type DemoMerchant } from './merchant.js'
-import { api, demoTarget, type DemoTarget } from './target.js'
+import { api, demoTarget, refuseExternal, type DemoTarget } from './target.js'
 import { commands, paidLine, type Paid, type TxShown } from './report.js'
 
 const AGENT = 'demo-agent'
 const PRICE = '0.01'
 const run = promisify(execFile)
 const say = (line = ''): boolean => process.stdout.write(`${line}\n`)
-
-/** Refuse on an external chain: there is no faucet to fund the demo wallet and merchant. */
-export function refuseExternal(chain: { embedded?: boolean; network: string }): void {
-  if (chain.embedded !== true) {
-    throw new PaygateError(
-      'invalid_config',
-      `the gateway's chain is external (${chain.network}); the demo runs only on the embedded dev chain, whose faucet funds the demo wallet and merchant. Start Paygate without chain.rpcUrl (PAYGATE_CHAIN_RPC_URL) to run it`,
-    )
-  }
-}
 
 /** The demo agent: its policy (creating it), its wallet, funds for the demo, and a fresh agent key in a 0600 file. */
 async function setUpAgent(t: DemoTarget): Promise<{ key: string; keyFile: string }> {

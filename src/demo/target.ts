@@ -93,6 +93,16 @@ async function startedInTemp(config: Config): Promise<DemoTarget> {
   }
 }
 
+/** Refuse on an external chain: there is no faucet to fund the demo wallet and merchant. */
+export function refuseExternal(chain: { embedded?: boolean; network: string }): void {
+  if (chain.embedded !== true) {
+    throw new PaygateError(
+      'invalid_config',
+      `the gateway's chain is external (${chain.network}); the demo runs only on the embedded dev chain, whose faucet funds the demo wallet and merchant. Start Paygate without chain.rpcUrl (PAYGATE_CHAIN_RPC_URL) to run it`,
+    )
+  }
+}
+
 export async function demoTarget(config: Config): Promise<DemoTarget> {
   return (await running(config)) ?? startedInTemp(config)
 }
