@@ -43,7 +43,7 @@ export function commands(o: { t: DemoTarget; merchantUrl: string; agent: string;
     `Dashboard: ${t.apiUrl}${DASHBOARD_PATH}`,
     'Try it yourself (copy and paste; they work while the demo runs):',
     '',
-    `  curl -x "http://${agent}:$(cat ${keyFile})@${proxy.host}" ${merchantUrl}/paid`,
+    `  curl -s -x "http://${agent}:$(cat ${keyFile})@${proxy.host}" ${merchantUrl}/paid`,
     `  curl -s ${t.apiUrl}/v1/pay -H "Authorization: Bearer ${t.accountKeyShell}" -H 'Content-Type: application/json' -d '{"agentId":"${agent}","endpoint":"${merchantUrl}/mpp"}'`,
     `  curl -s "${t.apiUrl}/v1/transactions?agentId=${agent}&limit=5" -H "Authorization: Bearer ${t.accountKeyShell}"`,
     `  curl -s ${t.apiUrl}/v1/wallets/${agent} -H "Authorization: Bearer ${t.accountKeyShell}"`,
