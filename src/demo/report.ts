@@ -33,8 +33,8 @@ export function paidLine(p: Paid): string[] {
   ]
 }
 
-/** The dashboard's path on the API port. */
-export const DASHBOARD_PATH = '/dashboard/'
+/** The dashboard's path on the API port (issue 25 serves it at `/`). */
+export const DASHBOARD_PATH = '/'
 
 export function commands(o: { t: DemoTarget; merchantUrl: string; agent: string; keyFile: string }): string[] {
   const { t, merchantUrl, agent, keyFile } = o
