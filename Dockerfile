@@ -23,6 +23,8 @@ COPY package.json package-lock.json ./
 RUN npm ci --omit=dev --no-audit --no-fund && npm cache clean --force
 COPY --from=build /app/dist ./dist
 COPY config ./config
+# Served at GET /v1/openapi.json.
+COPY docs/openapi.json ./docs/openapi.json
 RUN mkdir -p /data /certs && chown node:node /data /certs
 USER node
 VOLUME ["/data", "/certs"]

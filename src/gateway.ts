@@ -9,6 +9,7 @@ import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
 import { caRoutes } from './api/routes/ca.js'
 import { healthRoutes } from './api/routes/health.js'
+import { openapiRoutes } from './api/routes/openapi.js'
 import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
 import { payRoutes } from './api/routes/pay.js'
@@ -214,8 +215,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   const { store } = s
   const registry = new Registry(store, clock, config.accountKey)
   const policies = new PolicyStore(store, registry, clock)
-  const accountKey = await registry.bootstrapAccountKey(config.dataDir)
-  const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+  const { keystore, commit: commitKeys } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
   const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
   const walletStore = new Wallets(store, registry, keystore, clock)
   const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
@@ -225,7 +225,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
   await outbox.start()
-  return { store, registry, policies, accountKey, keystore, chain, walletStore, wallets, transactions, outbox }
+  return { store, registry, policies, commitKeys, keystore, chain, walletStore, wallets, transactions, outbox }
 }
 type Ledger = Awaited<ReturnType<typeof buildLedger>>
 
@@ -293,7 +293,8 @@ function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notif
     ...policyRoutes(l.policies),
     ...walletRoutes(l.wallets, l.chain),
     ...payRoutes(p.engine, p.idempotency),
-    ...transactionRoutes(l.transactions),
+    ...transactionRoutes(l.transactions, l.chain.info),
+    ...openapiRoutes(),
     ...runRoutes(p.invocations),
     ...summaryRoutes({ store: l.store, chain: l.chain, outbox: l.outbox }),
     ...alertRoutes(notify),
@@ -351,8 +352,12 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     egress.protect(addr.port)
     const proxyAddr = await listen(proxy.server, config.proxy.port, config.proxy.host, 'proxy.port')
     egress.protect(proxyAddr.port)
+    // Key files only once nothing else can fail: a failed start leaves none that would change
+    // the next (which then makes and shows the account key as a first start does).
+    ledger.commitKeys()
+    const accountKey = await ledger.registry.bootstrapAccountKey(config.dataDir)
 
-    const { registry, policies, chain, wallets, transactions, outbox, accountKey } = ledger
+    const { registry, policies, chain, wallets, transactions, outbox } = ledger
     const { engine, events, hooks, reconciler } = paying
     let closing: Promise<void> | undefined
     return {

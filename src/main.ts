@@ -23,8 +23,9 @@ const SAME_SIGNAL_MS = 1000
 async function deployLedger(config: Config, withToken: boolean): Promise<void> {
   const store = await Store.open(config.dataDir)
   try {
-    const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+    const { keystore, commit } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
     const out = await deployExternal(config, { meta: store.collection('chain'), keystore }, { token: withToken })
+    commit()
     process.stdout.write(`${JSON.stringify(out)}\n`)
   } finally {
     await store.close()

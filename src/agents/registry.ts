@@ -235,6 +235,24 @@ export class Registry {
     return this.mutex.run(`agent:${agentId}`, async () => fn(await this.requireAgent(agentId)))
   }
 
+  /**
+   * Run `fn` for the agent under its lock, creating it if it does not exist (a client written
+   * from the spec creates agents through `POST /v1/wallets` and `PUT /v1/policies/<id>`): `fn`
+   * gets the op that stores a new agent (none for an existing one) and writes it in the same
+   * batch as its own change, so a change that fails leaves no agent behind. The agent-id
+   * rules and reserved ids apply. `create: false`: as `withAgent` (404 for a missing agent). The agent gets no key: `POST /v1/agents/<id>/keys` issues one.
+   */
+  async withAgentOrNew<T>(agentId: string, fn: (agent: AgentRecord, create: BatchOp[]) => Promise<T>, opts: { create?: boolean } = {}): Promise<T> {
+    if (opts.create === false) return this.withAgent(agentId, (a) => fn(a, []))
+    validateAgentId(agentId)
+    return this.mutex.run(`agent:${agentId}`, async () => {
+      const found = await this.getAgent(agentId)
+      if (found) return fn(found, [])
+      const agent: AgentRecord = { agentId, createdAt: this.nowIso() }
+      return fn(agent, [{ type: 'put', coll: this.agents, key: agentId, value: agent }])
+    })
+  }
+
   async requireAgent(agentId: string): Promise<AgentRecord> {
     const a = await this.getAgent(agentId)
     if (!a) throw notFound(`agent ${agentId}`)

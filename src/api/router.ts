@@ -49,6 +49,12 @@ export class Router {
     return this
   }
 
+  /** Whether some route on this path is public (`/v1/ca.pem`): its other methods answer 405 without a key. */
+  isPublicPath(pathname: string): boolean {
+    const parts = pathname.split('/').filter(Boolean)
+    return this.routes.some((r) => r.access === 'public' && sameShape(r.segments, parts))
+  }
+
   /** The route for a method and path; `{allow}` when the path exists under other methods. */
   match(method: string, pathname: string): Match {
     const parts = pathname.split('/').filter(Boolean)
@@ -62,6 +68,9 @@ export class Router {
     return allow.length ? { allow } : null
   }
 }
+
+/** Whether a path has a pattern's shape (literal segments equal), without decoding its parameters. */
+const sameShape = (pattern: string[], parts: string[]): boolean => pattern.length === parts.length && pattern.every((p, i) => p.startsWith(':') || p === parts[i])
 
 function matchSegments(pattern: string[], parts: string[]): Record<string, string> | null {
   if (pattern.length !== parts.length) return null

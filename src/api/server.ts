@@ -93,6 +93,9 @@ interface Seen {
 async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen, flight: Flight): Promise<Reply> {
   const { router, registry, rateLimit, maxBodyBytes } = deps
   if (deps.dashboard && DashboardAssets.owns(url.pathname)) return deps.dashboard.answer(req.method ?? 'GET', url.pathname)
+  // Under /v1 a caller without a valid key learns nothing of which paths or methods exist: 401 first.
+  const v1 = url.pathname === '/v1' || url.pathname.startsWith('/v1/')
+  if (v1 && !router.isPublicPath(url.pathname)) seen.identity = await caller(req, registry, rateLimit)
   const match = router.match(req.method ?? 'GET', url.pathname)
   if (!match) throw new PaygateError('not_found', `no such endpoint: ${req.method} ${url.pathname}`)
   if ('allow' in match) {
@@ -100,7 +103,7 @@ async function handle(deps: ApiDeps, req: IncomingMessage, url: URL, seen: Seen,
   }
   const { route, params } = match
   if (route.access !== 'public') {
-    seen.identity = await caller(req, registry, rateLimit)
+    seen.identity ??= await caller(req, registry, rateLimit)
     if (route.access === 'account' && seen.identity.kind !== 'account') {
       throw new PaygateError('forbidden', 'this operation needs the account-level key (rp_live_…)')
     }

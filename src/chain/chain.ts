@@ -52,6 +52,19 @@ const KNOWN_NETWORKS: Record<number, string> = {
 
 export const networkNameFor = (chainId: number): string => KNOWN_NETWORKS[chainId] ?? `evm-${chainId}`
 
+/**
+ * An offer's network in the one style the API shows (`<chain>-<net>`, as wallets and
+ * `/v1/chain` name it): CAIP-2 `eip155:<id>` becomes this chain's name for its own id, else
+ * the well-known name; names already in that style (x402 v1's `base-sepolia`) stay, unless
+ * they name this chain's id (a dev chain on 84532 is shown by its own name).
+ */
+export function networkShown(offered: string, chain: { chainId: number; network: string }): string {
+  const m = /^eip155:(\d+)$/.exec(offered)
+  const id = m ? Number(m[1]) : Number(Object.keys(KNOWN_NETWORKS).find((k) => KNOWN_NETWORKS[Number(k)] === offered) ?? Number.NaN)
+  if (id === chain.chainId) return chain.network
+  return m ? networkNameFor(id) : offered
+}
+
 export function viemChain(chainId: number, name: string, rpcUrl: string): ViemChain {
   return {
     id: chainId,

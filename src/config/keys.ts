@@ -170,7 +170,7 @@ export const KEYS: readonly KeySpec[] = [
     doc: 'Service signer key that pays gas for ledger records on an external chain. Unset: one is generated and stored encrypted under the master key (its address is printed so you can fund it).',
   },
   { path: 'chain.rpcHost', kind: 'host', doc: 'Address the embedded chain serves JSON-RPC on (keep it on loopback).' },
-  { path: 'chain.rpcPort', kind: 'port', doc: "Port of the embedded chain's JSON-RPC. 0 picks a free port; `GET /v1/chain` shows the URL." },
+  { path: 'chain.rpcPort', kind: 'port', doc: "Port of the embedded chain's JSON-RPC (not 8545, which a local anvil or Hardhat node takes). 0 picks a free port; `GET /v1/chain` shows the URL." },
   {
     path: 'chain.anvilPath',
     kind: 'path',

@@ -309,8 +309,11 @@ export class Transactions {
   }
 }
 
-/** A transaction as the API shows it. */
-export function txView(r: TxRecord): Record<string, unknown> {
+/**
+ * A transaction as the API shows it. `networkOf` names the offer's network in the API's one
+ * style (`networkShown`); the merchant's own `settlement.network` is shown as it sent it.
+ */
+export function txView(r: TxRecord, networkOf: (offered: string) => string = (n) => n): Record<string, unknown> {
   return {
     id: r.id,
     ...(r.kind ? { kind: r.kind } : {}),
@@ -332,7 +335,7 @@ export function txView(r: TxRecord): Record<string, unknown> {
     ...(r.detail ? { detail: r.detail } : {}),
     ...(r.error ? { error: r.error } : {}),
     ...(r.settlement ? { settlement: r.settlement } : {}),
-    ...(r.offer ? { network: r.offer.network, payTo: r.offer.payTo } : {}),
+    ...(r.offer ? { network: networkOf(r.offer.network), payTo: r.offer.payTo } : {}),
     ...(r.upstreamStatus !== undefined ? { upstreamStatus: r.upstreamStatus } : {}),
     ...(r.ledger ? { ledger: r.ledger } : {}),
   }

@@ -14,7 +14,7 @@ export class PolicyStore {
   private readonly usageCache = new Map<string, UsageState>()
 
   constructor(
-    store: Store,
+    private readonly store: Store,
     private readonly registry: Registry,
     private readonly clock: Clock,
   ) {
@@ -81,14 +81,21 @@ export class PolicyStore {
     return policyView(agentId, p, u, this.clock.now())
   }
 
-  /** Merge a PUT body into the agent's policy and answer the policy as read back. */
-  async update(agentId: string, body: unknown): Promise<Record<string, unknown>> {
-    return this.registry.withAgent(agentId, async () => {
-      const next = mergePolicy(await this.policyOf(agentId), body, agentId)
-      next.updatedAt = new Date(this.clock.now()).toISOString()
-      await this.policies.put(agentId, next)
-      this.policyCache.set(agentId, next)
-      return policyView(agentId, next, await this.usageOf(agentId), this.clock.now())
-    })
+  /**
+   * Merge a PUT body into the agent's policy and answer the policy as read back. `createAgent`:
+   * an agent that does not exist is created with it, in the same write (a bad body creates none).
+   */
+  async update(agentId: string, body: unknown, opts: { createAgent?: boolean } = {}): Promise<Record<string, unknown>> {
+    return this.registry.withAgentOrNew(
+      agentId,
+      async (_agent, createAgent) => {
+        const next = mergePolicy(await this.policyOf(agentId), body, agentId)
+        next.updatedAt = new Date(this.clock.now()).toISOString()
+        await this.store.batch([...createAgent, { type: 'put', coll: this.policies, key: agentId, value: next }])
+        this.policyCache.set(agentId, next)
+        return policyView(agentId, next, await this.usageOf(agentId), this.clock.now())
+      },
+      { create: opts.createAgent === true },
+    )
   }
 }

@@ -1,6 +1,8 @@
 import { mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { Level } from 'level'
+import { PaygateError } from '../errors/index.js'
+import { lockFile, type FileLock } from '../util/file-lock.js'
 import { KeyedMutex } from '../util/mutex.js'
 import { outcome, type Result } from '../util/result.js'
 import { Wal, type WalOp } from './wal.js'
@@ -56,6 +58,8 @@ export interface StoreOptions {
 /** Values are stored as the JSON text the collections' `json` encoding would produce. */
 const TEXT = { keyEncoding: 'utf8', valueEncoding: 'utf8' } as const
 const REPLAY_CHUNK = 1000
+/** The data directory's lock file (it keeps the holder's pid). */
+const LOCK_FILE = 'paygate.lock'
 /** Ops per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
 const APPLY_CHUNK = 512
 
@@ -148,6 +152,8 @@ export class Store {
   private waiters: { seq: number; resolve: () => void; reject: (e: unknown) => void }[] = []
   private closing = false
   private closed?: Promise<void>
+  /** This process's lock on the data directory, released by `close`. */
+  private lock?: FileLock
   /** What opening replayed from the log of the last run. */
   recovered = { batches: 0, torn: 0 }
   /** The last LevelDB write error, while writes behind the log are being retried. */
@@ -161,19 +167,36 @@ export class Store {
     this.db = new Level<string, unknown>(location, { valueEncoding: 'json' })
   }
 
-  /** Open (creating if needed) the LevelDB under `<dataDir>/state` and its log under `<dataDir>/wal`. */
+  /**
+   * Open (creating if needed) the LevelDB under `<dataDir>/state` and its log under `<dataDir>/wal`.
+   * The directory is locked for this process first (`<dataDir>/paygate.lock`, holding its pid),
+   * so a second gateway on it is told which pid holds it instead of LevelDB's bare refusal.
+   */
   static async open(dataDir: string, opts: StoreOptions = {}): Promise<Store> {
     mkdirSync(dataDir, { recursive: true, mode: 0o700 })
-    const store = new Store(join(dataDir, 'state'), opts.applyDelayMs ?? 10, opts.onApplyError ?? (() => {}))
-    await store.db.open()
-    const walDir = join(dataDir, 'wal')
-    const { files, batches, torn } = Wal.recover(walDir)
-    // LevelDB may already hold some of these: re-applying them in order ends in the same state.
-    for (let i = 0; i < batches.length; i += REPLAY_CHUNK) {
-      await store.db.batch(levelOps(batches.slice(i, i + REPLAY_CHUNK).flat()) as never, { ...TEXT, sync: true } as never)
+    let lock: FileLock
+    try {
+      lock = lockFile(join(dataDir, LOCK_FILE), `the data directory ${dataDir}`)
+    } catch (e) {
+      throw new PaygateError('unavailable', `${(e as Error).message}; stop that Paygate or choose another data directory (dataDir, PAYGATE_DATA_DIR)`)
     }
-    store.recovered = { batches: batches.length, torn }
-    store.wal = Wal.start(walDir, files, opts.walMaxBytes ?? 16 * 2 ** 20)
+    const store = new Store(join(dataDir, 'state'), opts.applyDelayMs ?? 10, opts.onApplyError ?? (() => {}))
+    store.lock = lock
+    try {
+      await store.db.open()
+      const walDir = join(dataDir, 'wal')
+      const { files, batches, torn } = Wal.recover(walDir)
+      // LevelDB may already hold some of these: re-applying them in order ends in the same state.
+      for (let i = 0; i < batches.length; i += REPLAY_CHUNK) {
+        await store.db.batch(levelOps(batches.slice(i, i + REPLAY_CHUNK).flat()) as never, { ...TEXT, sync: true } as never)
+      }
+      store.recovered = { batches: batches.length, torn }
+      store.wal = Wal.start(walDir, files, opts.walMaxBytes ?? 16 * 2 ** 20)
+    } catch (e) {
+      if (store.db.status === 'open') await store.db.close()
+      lock.release()
+      throw e
+    }
     return store
   }
 
@@ -349,6 +372,7 @@ export class Store {
       )
       if (this.db.status === 'open' || this.db.status === 'opening') await this.db.close()
       this.wal.close(applied)
+      this.lock?.release()
     })()
     return this.closed
   }

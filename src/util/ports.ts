@@ -1,6 +1,6 @@
 import { isIP } from 'node:net'
 
-/** A listen that failed on a taken address, naming the config key: the default ports are often held by another local service (a developer's own anvil on 8545). */
+/** A listen that failed on a taken address, naming the config key: the default ports may be held by another local service (the embedded chain's default is 18545, not 8545, which every local anvil and Hardhat node takes). */
 export const portTaken = (key: string, host: string, port: number): Error =>
   new Error(`${key} = ${port}: ${host}:${port} is already in use (EADDRINUSE); stop what holds it or choose another port (0 picks a free one)`)
 

@@ -1,11 +1,13 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto'
-import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs'
+import { chmodSync, existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { decodeMasterKey } from '../config/keys.js'
 import { PaygateError } from '../errors/index.js'
 import type { Collection } from '../store/index.js'
 
 const FILE = 'master-key'
+/** A new key's name until the start that made it succeeds (`commit`); a failed start's is taken up by the next. */
+const PENDING = 'master-key.new'
 const CHECK_KEY = 'masterKeyCheck'
 const CHECK_TEXT = 'paygate master key check v1'
 const VERSION = 'v1'
@@ -20,29 +22,34 @@ export class Keystore {
 
   /**
    * The master key from config (PAYGATE_MASTER_KEY), else `<dataDir>/master-key` (created
-   * 0600 on first start). A key that cannot open what this data directory already holds
-   * stops the start with a clear message.
+   * 0600 on first start, under a temporary name until `commit`, which the caller runs once
+   * its start has succeeded: a failed first start leaves no `master-key` behind, and the
+   * next start takes up the pending key it made, which the store's check was written
+   * with). A key that cannot open what this data directory already holds stops the start
+   * with a clear message.
    */
-  static async open(dataDir: string, configured: string | null, meta: Collection<string>): Promise<{ keystore: Keystore; source: 'config' | 'file'; created: boolean }> {
+  static async open(dataDir: string, configured: string | null, meta: Collection<string>): Promise<{ keystore: Keystore; source: 'config' | 'file'; created: boolean; commit: () => void }> {
     let key: Buffer
-    let source: 'config' | 'file'
+    let source: 'config' | 'file' = 'config'
     let created = false
+    let commit = (): void => {}
     const file = join(dataDir, FILE)
-    if (configured) {
-      key = decodeMasterKey(configured)!
-      source = 'config'
-    } else {
+    if (configured) key = decodeMasterKey(configured)!
+    else {
       source = 'file'
-      if (existsSync(file)) {
-        const k = decodeMasterKey(readFileSync(file, 'utf8').trim())
-        if (!k) throw new PaygateError('invalid_config', `${file} does not hold a 32-byte master key (64 hex characters)`)
+      const pending = join(dataDir, PENDING)
+      const found = existsSync(file) ? file : existsSync(pending) ? pending : null
+      if (found) {
+        const k = decodeMasterKey(readFileSync(found, 'utf8').trim())
+        if (!k) throw new PaygateError('invalid_config', `${found} does not hold a 32-byte master key (64 hex characters)`)
         key = k
       } else {
         key = randomBytes(32)
-        writeFileSync(file, `${key.toString('hex')}\n`, { mode: 0o600 })
-        chmodSync(file, 0o600)
+        writeFileSync(pending, `${key.toString('hex')}\n`, { mode: 0o600 })
+        chmodSync(pending, 0o600)
         created = true
       }
+      if (found !== file) commit = () => renameSync(pending, file)
     }
     const ks = new Keystore(key)
     const check = await meta.get(CHECK_KEY)
@@ -61,7 +68,7 @@ export class Keystore {
         )
       }
     }
-    return { keystore: ks, source, created }
+    return { keystore: ks, source, created, commit }
   }
 
   /** `v1.<iv>.<tag>.<ciphertext>` in base64url; `context` is authenticated, not stored. */

@@ -19,8 +19,8 @@ export class WalletService {
   ) {}
 
   /** Create the agent's wallet; on the embedded chain the dev faucet funds it. */
-  async create(agentId: string): Promise<WalletView> {
-    const w = await this.wallets.create(agentId)
+  async create(agentId: string, opts: { createAgent?: boolean } = {}): Promise<WalletView> {
+    const w = await this.wallets.create(agentId, opts)
     if (this.chain.embedded) {
       try {
         await this.chain.faucet(w.address, this.faucetAmounts.usdc, this.faucetAmounts.gasWei)

@@ -28,7 +28,7 @@ export class Wallets {
   private readonly records = new Map<string, WalletRecord>()
 
   constructor(
-    store: Store,
+    private readonly store: Store,
     private readonly registry: Registry,
     private readonly keystore: Keystore,
     private readonly clock: Clock,
@@ -53,20 +53,25 @@ export class Wallets {
     )
   }
 
-  async create(agentId: string): Promise<WalletRecord> {
-    return this.registry.withAgent(agentId, async () => {
-      if (await this.wallets.get(agentId)) throw new PaygateError('conflict', `agent ${agentId} already has a wallet`)
-      const pk = generatePrivateKey()
-      const account = privateKeyToAccount(pk)
-      const rec: WalletRecord = {
-        agentId,
-        address: account.address,
-        encryptedKey: this.keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), context(agentId, account.address)),
-        createdAt: new Date(this.clock.now()).toISOString(),
-      }
-      await this.wallets.put(agentId, rec)
-      return rec
-    })
+  /** A new wallet for the agent; `createAgent`: the agent too when it does not exist (in the same write). */
+  async create(agentId: string, opts: { createAgent?: boolean } = {}): Promise<WalletRecord> {
+    return this.registry.withAgentOrNew(
+      agentId,
+      async (_agent, createAgent) => {
+        if (await this.wallets.get(agentId)) throw new PaygateError('conflict', `agent ${agentId} already has a wallet`)
+        const pk = generatePrivateKey()
+        const account = privateKeyToAccount(pk)
+        const rec: WalletRecord = {
+          agentId,
+          address: account.address,
+          encryptedKey: this.keystore.encrypt(Buffer.from(pk.slice(2), 'hex'), context(agentId, account.address)),
+          createdAt: new Date(this.clock.now()).toISOString(),
+        }
+        await this.store.batch([...createAgent, { type: 'put', coll: this.wallets, key: agentId, value: rec }])
+        return rec
+      },
+      { create: opts.createAgent === true },
+    )
   }
 
   async get(agentId: string): Promise<WalletRecord | undefined> {

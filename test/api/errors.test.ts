@@ -1,4 +1,5 @@
 import t, { type Test } from 'tap'
+import { readFileSync } from 'node:fs'
 import { request } from 'node:http'
 import { connect } from 'node:net'
 import { startTestGateway } from '../helpers/gateway.js'
@@ -16,8 +17,10 @@ t.test('malformed JSON and wrong content types are invalid_request', async (t) =
   noStack(t, bad.text)
   const ct = await gw.api('POST', '/v1/agents', { rawBody: 'agentId=x', headers: { 'content-type': 'application/x-www-form-urlencoded' } })
   t.same([ct.status, ct.body.error, ct.body.field], [400, 'invalid_request', 'content-type'])
+  // A policy PUT creates an unknown agent, but only with a valid body.
   const arr = await gw.api('PUT', '/v1/policies/x', { body: [1, 2] })
-  t.equal(arr.status, 404, 'unknown agent checked before the body')
+  t.same([arr.status, arr.body.field], [400, 'body'])
+  t.equal((await gw.api('GET', '/v1/agents/x')).status, 404, 'a refused PUT creates no agent')
   await gw.api('POST', '/v1/agents', { body: { agentId: 'x' } })
   const arr2 = await gw.api('PUT', '/v1/policies/x', { body: [1, 2] })
   t.same([arr2.status, arr2.body.field], [400, 'body'])
@@ -38,6 +41,32 @@ t.test('unknown paths are 404 and wrong methods 405 with Allow', async (t) => {
   t.equal(m.headers.get('allow'), 'GET, PUT')
   const enc = await gw.api('GET', '/v1/agents/%E0%A4%A')
   t.same([enc.status, enc.body.error], [400, 'invalid_request'])
+})
+
+t.test('under /v1 a request without a valid key gets 401 before any 404 or 405; openapi.json and ca.pem stay public', async (t) => {
+  for (const key of [null, `rp_live_${'Z'.repeat(40)}`]) {
+    for (const [method, path] of [
+      ['GET', '/v1/nothing'],
+      ['PATCH', '/v1/policies/x'],
+      ['DELETE', '/v1/chain'],
+      ['GET', '/v1'],
+      ['GET', '/v1/agents/%E0%A4%A'],
+    ]) {
+      const r = await gw.api(method!, path!, { key })
+      t.same([r.status, r.body.error], [401, 'unauthorized'], `${method} ${path} with ${key ? 'an unknown key' : 'no key'}`)
+    }
+  }
+  const doc = await gw.api('GET', '/v1/openapi.json', { key: null })
+  t.equal(doc.status, 200)
+  t.match(doc.headers.get('content-type'), /^application\/json/)
+  t.equal(doc.body.openapi, '3.1.0')
+  t.same(doc.body, JSON.parse(readFileSync(new URL('../../docs/openapi.json', import.meta.url), 'utf8')), 'docs/openapi.json as it is')
+  t.ok(doc.body.paths['/v1/openapi.json'], 'the document lists itself')
+  t.equal((await gw.api('GET', '/v1/ca.pem', { key: null })).status, 200)
+  const wrong = await gw.api('POST', '/v1/ca.pem', { key: null })
+  t.same([wrong.status, wrong.body.error, wrong.headers.get('allow')], [405, 'method_not_allowed', 'GET'], 'a public path answers 405 without a key')
+  t.equal((await gw.api('GET', '/healthz', { key: null })).status, 200, 'outside /v1 as before')
+  t.equal((await gw.api('GET', '/nothing', { key: null })).status, 404, 'outside /v1 as before')
 })
 
 t.test('responses are JSON, never cached, and the error body has the spec shape', async (t) => {

@@ -75,9 +75,22 @@ t.test('invalid policies answer 400 naming the field, and change nothing', async
   t.same((await gw.api('GET', '/v1/policies/pol')).body, before, 'a rejected PUT changes nothing, not even partly')
 })
 
-t.test('unknown agents are 404', async (t) => {
+t.test('GET of an unknown agent is 404; PUT with the account key creates it (keys from POST /v1/agents/<id>/keys)', async (t) => {
   const g = await gw.api('GET', '/v1/policies/ghost')
   t.same([g.status, g.body.error], [404, 'not_found'])
   const p = await gw.api('PUT', '/v1/policies/ghost', { body: { dailyBudget: { usdc: 1 } } })
-  t.same([p.status, p.body.error], [404, 'not_found'])
+  t.equal(p.status, 200, p.text)
+  t.match(p.body, { agentId: 'ghost', dailyBudget: { usdc: 1 } })
+  t.equal((await gw.api('GET', '/v1/agents/ghost')).status, 200, 'the agent exists')
+  t.same((await gw.api('GET', '/v1/agents/ghost/keys')).body.keys, [], 'with no key until one is issued')
+  const key = (await gw.api('POST', '/v1/agents/ghost/keys')).body.apiKey
+  t.match((await gw.api('GET', '/v1/policies/ghost', { key })).body, { agentId: 'ghost', dailyBudget: { usdc: 1 } }, 'its own key reads its policy')
+  t.equal((await gw.api('PUT', '/v1/policies/ghost', { key, body: {} })).status, 403, 'an agent key creates nothing')
+  for (const id of ['invoke', 'bad%20id', 'x'.repeat(65)]) {
+    const r = await gw.api('PUT', `/v1/policies/${id}`, { body: { dailyBudget: { usdc: 1 } } })
+    t.same([r.status, r.body.error, r.body.field], [400, 'invalid_request', 'agentId'], `agentId ${id.slice(0, 10)} refused`)
+  }
+  const bad = await gw.api('PUT', '/v1/policies/ghost2', { body: { dailyBudget: { usdc: -1 } } })
+  t.equal(bad.status, 400)
+  t.equal((await gw.api('GET', '/v1/agents/ghost2')).status, 404, 'a refused body creates no agent')
 })

@@ -59,6 +59,7 @@ for (const kind of ['v2', 'v1', 'simple', 'accepts'] as const) {
     const tx = (await gw.api('GET', `/v1/transactions/${r.body.txHash}`)).body
     t.match(tx, { agentId: 'payer', status: 'paid', protocol: 'x402', amountPaid: { usdc: 0.01 }, txHash: r.body.txHash, depth: 0, parentTxHash: null })
     t.equal(tx.endpoint, `${m.url}/paid`)
+    t.equal(tx.network, info.network, 'the network named as wallets and /v1/chain name it')
     t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
     const receipt = await pub.getTransactionReceipt({ hash: r.body.txHash })
     t.equal(receipt.status, 'success', 'txHash is the ledger transaction')

@@ -48,7 +48,16 @@ t.test('create a wallet: funded by the dev faucet, balance read from the token',
   const dup = await gw.api('POST', '/v1/wallets', { body: { agentId: 'alice' } })
   t.same([dup.status, dup.body.error], [409, 'conflict'])
   t.same((await gw.api('POST', '/v1/wallets', { body: {} })).body.field, 'agentId')
-  t.same((await gw.api('POST', '/v1/wallets', { body: { agentId: 'ghost' } })).status, 404)
+  // A client written from the spec: the wallet POST creates the agent, its key comes from POST /v1/agents/<id>/keys.
+  const ghost = await gw.api('POST', '/v1/wallets', { body: { agentId: 'ghost' } })
+  t.same([ghost.status, ghost.body.network], [201, 'paygate-devnet'])
+  t.match((await gw.api('GET', '/v1/agents/ghost')).body, { agentId: 'ghost' })
+  const ghostKey = (await gw.api('POST', '/v1/agents/ghost/keys')).body.apiKey
+  t.equal((await gw.api('GET', '/v1/wallets/ghost', { key: ghostKey })).body.address, ghost.body.address, 'its own key reads it')
+  for (const agentId of ['invoke', 'a b', '.']) {
+    const r = await gw.api('POST', '/v1/wallets', { body: { agentId } })
+    t.same([r.status, r.body.field], [400, 'agentId'], `agentId ${JSON.stringify(agentId)} refused`)
+  }
   t.same((await gw.api('GET', '/v1/wallets/bob')).status, 404, 'agent without a wallet')
 })
 

@@ -1,6 +1,6 @@
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
-import { readdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createServer as createNetServer, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -39,7 +39,7 @@ t.test('a port already in use stops the start with a message', async (t) => {
   t.equal(r.code, 1)
   t.match(r.stderr, new RegExp(`cannot start: api\\.port = ${port}: 127\\.0\\.0\\.1:${port} is already in use \\(EADDRINUSE\\)`))
 
-  // The embedded chain's port (8545 by default: often a developer's own anvil).
+  // The embedded chain's port (18545 by default; a taken one names chain.rpcPort).
   const holder = createNetServer()
   await new Promise<void>((res) => holder.listen(0, '127.0.0.1', res))
   t.teardown(() => new Promise<void>((res) => holder.close(() => res())))
@@ -50,6 +50,31 @@ t.test('a port already in use stops the start with a message', async (t) => {
   t.match(c.stderr, new RegExp(`chain\\.rpcPort = ${taken}: 127\\.0\\.0\\.1:${taken} is already in use`))
   const left = readdirSync('/proc').filter((p) => /^\d+$/.test(p) && cmdlineHas(p, third))
   t.same(left, [], 'no anvil left behind')
+  // The failed start left no key file: the next start on that directory is a first start.
+  t.notOk(existsSync(join(third, 'account-key')), 'no account key file from the failed start')
+  t.notOk(existsSync(join(third, 'master-key')), 'no master key file from the failed start')
+  const next = await spawnGateway({ PAYGATE_DATA_DIR: third })
+  t.teardown(() => next.stop('SIGKILL'))
+  t.ok(
+    next.stdout.some((l) => l.includes('created an account key')),
+    'the next start creates the account key as a first start does',
+  )
+  t.ok(existsSync(join(third, 'master-key')) && !existsSync(join(third, 'master-key.new')), 'the master key is committed by the start that succeeds')
+  t.equal(await next.stop('SIGTERM'), 0)
+})
+
+t.test('a second start on a data directory in use names the pid that holds it', async (t) => {
+  const dataDir = testDir(t)
+  const first = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  t.teardown(() => first.stop('SIGKILL'))
+  const r = await runCli({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0' }, [])
+  t.equal(r.code, 1)
+  t.match(r.stderr, `cannot start: the data directory ${dataDir} is in use by another process (held by pid ${first.proc.pid}); stop that Paygate or choose another data directory`)
+  t.notMatch(r.stderr, /Database failed to open/)
+  t.equal(await first.stop('SIGTERM'), 0)
+  const again = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  t.teardown(() => again.stop('SIGKILL'))
+  t.equal(await again.stop('SIGTERM'), 0, 'free again once its holder stopped')
 })
 
 t.test('start prints where everything is; no secret ever reaches the logs', async (t) => {

@@ -3,12 +3,12 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { lockFile } from '../../src/chain/dir-lock.js'
+import { lockFile } from '../../src/util/file-lock.js'
 import { startDevnet } from '../../src/chain/devnet/index.js'
 import { testDir } from '../helpers/gateway.js'
 import { spawnGateway } from '../helpers/process.js'
 
-const LOCK_MODULE = fileURLToPath(new URL('../../src/chain/dir-lock.ts', import.meta.url))
+const LOCK_MODULE = fileURLToPath(new URL('../../src/util/file-lock.ts', import.meta.url))
 
 /** A separate process that takes the lock on `file` and holds it until killed. */
 async function holder(t: Test, file: string): Promise<ChildProcess> {

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { readFileSync, statSync } from 'node:fs'
+import { existsSync, readFileSync, statSync } from 'node:fs'
 import { join } from 'node:path'
 import { Keystore } from '../../src/wallet/keystore.js'
 import { PaygateError } from '../../src/errors/index.js'
@@ -12,6 +12,14 @@ t.test('master key file, encryption round trip, and a wrong key refused', async 
   t.equal(first.source, 'file')
   t.ok(first.created)
   const file = join(dir, 'master-key')
+  const pending = join(dir, 'master-key.new')
+  t.notOk(existsSync(file), 'no master-key until the start commits it')
+  t.equal(statSync(pending).mode & 0o777, 0o600)
+  // A start that failed before commit: the next one takes up the pending key (the store's check was written with it).
+  const retried = await Keystore.open(dir, null, meta)
+  t.notOk(retried.created, 'the pending key is reused, not replaced')
+  retried.commit()
+  t.notOk(existsSync(pending), 'renamed on commit')
   t.equal(statSync(file).mode & 0o777, 0o600)
   t.match(readFileSync(file, 'utf8'), /^[0-9a-f]{64}\n$/)
 

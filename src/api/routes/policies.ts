@@ -18,7 +18,7 @@ export function policyRoutes(policies: PolicyStore): Route[] {
       path: '/v1/policies/:agentId',
       access: 'account',
       async handler(ctx) {
-        return { status: 200, body: await policies.update(ctx.params.agentId!, await ctx.body()) }
+        return { status: 200, body: await policies.update(ctx.params.agentId!, await ctx.body(), { createAgent: true }) }
       },
     },
   ]

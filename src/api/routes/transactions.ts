@@ -1,5 +1,6 @@
 import { PaygateError, invalid, notFound } from '../../errors/index.js'
-import { TX_STATUSES, txView, type Transactions, type TxListFilter, type TxStatus } from '../../ledger/transactions.js'
+import { networkShown } from '../../chain/chain.js'
+import { TX_STATUSES, txView, type Transactions, type TxListFilter, type TxRecord, type TxStatus } from '../../ledger/transactions.js'
 import { intParam } from '../http.js'
 import { chainView, nodeOf, treeView } from '../../ledger/trees.js'
 import type { Identity } from '../../agents/registry.js'
@@ -61,7 +62,8 @@ function listFilter(url: URL): TxListFilter {
 }
 
 /** Transactions, newest first; agent keys see only their own agent. */
-export function transactionRoutes(transactions: Transactions): Route[] {
+export function transactionRoutes(transactions: Transactions, chain: { chainId: number; network: string }): Route[] {
+  const view = (r: TxRecord) => txView(r, (n) => networkShown(n, chain))
   return [
     {
       method: 'GET',
@@ -74,7 +76,7 @@ export function transactionRoutes(transactions: Transactions): Route[] {
           filter.agentId = ctx.identity.agentId
         }
         const page = await transactions.list(filter)
-        return { status: 200, body: { transactions: page.records.map(txView), nextCursor: page.nextCursor } }
+        return { status: 200, body: { transactions: page.records.map(view), nextCursor: page.nextCursor } }
       },
     },
     {
@@ -85,7 +87,7 @@ export function transactionRoutes(transactions: Transactions): Route[] {
         const r = await transactions.find(ctx.params.id!)
         if (!r) throw notFound(`transaction ${ctx.params.id}`)
         requireAgentAccess(ctx.identity, r.agentId)
-        return { status: 200, body: txView(r) }
+        return { status: 200, body: view(r) }
       },
     },
     treeRoute(transactions, 'chain', chainView),

@@ -18,7 +18,7 @@ export function walletRoutes(service: WalletService, chain: Chain): Route[] {
       async handler(ctx) {
         const body = onlyFields(await ctx.body(), ['agentId'])
         if (body.agentId === undefined) throw invalid('agentId', 'agentId is required')
-        return { status: 201, body: await service.create(validateAgentId(body.agentId)) }
+        return { status: 201, body: await service.create(validateAgentId(body.agentId), { createAgent: true }) }
       },
     },
     {
@@ -54,7 +54,7 @@ export function walletRoutes(service: WalletService, chain: Chain): Route[] {
       path: '/v1/chain',
       access: 'account',
       async handler() {
-        return { status: 200, body: { ...chain.info, blockNumber: Number(await chain.blockNumber()) } }
+        return { status: 200, body: { ...chain.info, embedded: chain.embedded, blockNumber: Number(await chain.blockNumber()) } }
       },
     },
   ]

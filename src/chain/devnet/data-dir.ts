@@ -2,7 +2,7 @@ import * as fs from 'node:fs'
 import * as path from 'node:path'
 import { promisify } from 'node:util'
 import * as zlib from 'node:zlib'
-import { lockFile } from '../dir-lock.js'
+import { lockFile } from '../../util/file-lock.js'
 import type { DevnetLog } from './types.js'
 
 // The files of a data dir: chain.json, devnet.lock, anvil.pid, and per generation g a journal
