@@ -90,8 +90,15 @@ async function main(): Promise<void> {
     await t.close()
     process.exit(code)
   }
-  process.once('SIGINT', () => void stop(0))
-  process.once('SIGTERM', () => void stop(0))
+  // npm forwards the signal a terminal sends to the whole group: a second one must not cut the stop short.
+  let stopping = false
+  const onSignal = (): void => {
+    if (stopping) return
+    stopping = true
+    void stop(0)
+  }
+  process.on('SIGINT', onSignal)
+  process.on('SIGTERM', onSignal)
   try {
     say(t.started ? `Started a gateway in ${t.dataDir} (removed on exit): API ${t.apiUrl}, proxy ${t.proxyUrl}` : `Using the gateway at ${t.apiUrl} (proxy ${t.proxyUrl})`)
     const chain = (await api(t, 'GET', '/v1/chain')).body
