@@ -9,6 +9,7 @@ import { Router } from './api/router.js'
 import { agentRoutes } from './api/routes/agents.js'
 import { caRoutes } from './api/routes/ca.js'
 import { healthRoutes } from './api/routes/health.js'
+import { metricsRoutes, prometheusRoute } from './api/routes/metrics.js'
 import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
 import { payRoutes } from './api/routes/pay.js'
@@ -27,6 +28,8 @@ import { Upstream } from './upstream/upstream.js'
 import { EgressGuard, type Resolver } from './net/egress.js'
 import { EventBus } from './events/bus.js'
 import { RecordHooks } from './ledger/record-hooks.js'
+import { Aggregates } from './metrics/aggregates.js'
+import { PrometheusMetrics } from './metrics/prometheus.js'
 import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
@@ -73,6 +76,8 @@ export interface Gateway {
   readonly ca: CertificateAuthority
   /** The egress guard every agent connection passes (its counters count denials). */
   readonly egress: EgressGuard
+  /** Per-agent aggregates (the metrics API) and the Prometheus registry (`registerGauge` for other features' gauges). */
+  readonly metrics: { aggregates: Aggregates; prometheus: PrometheusMetrics }
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** Address of the forward-proxy port, e.g. http://127.0.0.1:8402 */
@@ -156,12 +161,14 @@ interface Started {
   reconciler?: Reconciler
   proxy?: ProxyServer
   api?: Server
+  prometheus?: PrometheusMetrics
   stopSweeping?: () => void
 }
 
 /** Stop what a failed start set running, at once (no grace: nothing was served yet). */
 async function stopStarted(s: Started): Promise<void> {
   s.stopSweeping?.()
+  s.prometheus?.close()
   if (s.api) await closeServer(s.api, 0)
   await s.proxy?.close(0)
   await s.reconciler?.close()
@@ -206,9 +213,13 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   // Cost trees read an index by parent; a store from before it gets it built once.
   const indexed = await transactions.indexParents(store.collection('meta'))
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
+  // Before anything writes records: the aggregates are loaded, or built once from the records.
+  const aggregates = new Aggregates(store, clock)
+  const built = await aggregates.start(transactions, store.collection('meta'))
+  if (built.backfilled !== null) log.info({ records: built.backfilled, buckets: built.buckets }, 'built the metrics aggregates from the stored transactions')
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
   await outbox.start()
-  return { store, registry, policies, accountKey, chain, walletStore, wallets, transactions, outbox }
+  return { store, registry, policies, accountKey, chain, walletStore, wallets, transactions, outbox, aggregates }
 }
 type Ledger = Awaited<ReturnType<typeof buildLedger>>
 
@@ -227,6 +238,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const upstream = (s.upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs))
   const events = new EventBus()
   const hooks = new RecordHooks()
+  hooks.add(l.aggregates.contributor)
   const rails = railsOf(config, opts)
   const settings = mppSettings(config)
   const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)
@@ -245,8 +257,10 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
 type Paying = ReturnType<typeof buildEngine>
 
 /** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
-function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: Router; api: Server } {
+function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying, prom: PrometheusMetrics): { router: Router; api: Server } {
   const router = new Router().add(
+    // First: matched before anything the dashboard serves under `/`.
+    prometheusRoute(prom, config.metrics.requireKey),
     ...healthRoutes([
       { name: 'store', check: async () => l.store.status === 'open' && l.store.applyError === undefined },
       { name: 'chain', check: async () => (await l.chain.blockNumber()) >= 0n },
@@ -256,6 +270,7 @@ function buildApi({ config, log, clock }: Ctx, l: Ledger, p: Paying): { router: 
     ...walletRoutes(l.wallets, l.chain),
     ...payRoutes(p.engine, p.idempotency),
     ...transactionRoutes(l.transactions),
+    ...metricsRoutes({ aggregates: l.aggregates, registry: l.registry, policies: l.policies, clock }),
   )
   const api = createApiServer({
     router,
@@ -295,7 +310,18 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const ledger = await buildLedger(ctx, s)
     const egress = egressGuard(ctx, ledger.chain)
     const paying = buildEngine(ctx, ledger, egress, s)
-    const { router, api } = buildApi(ctx, ledger, paying)
+    // Its proxy gauges are read when scraped, once the proxy below exists.
+    const prometheus = (s.prometheus = new PrometheusMetrics(
+      {
+        get proxy() {
+          return s.proxy!
+        },
+        egress,
+        outbox: ledger.outbox,
+      },
+      { agentLabels: config.metrics.agentLabels },
+    ))
+    const { router, api } = buildApi(ctx, ledger, paying, prometheus)
     s.api = api
     const ca = await CertificateAuthority.load(config.certsDir)
     const proxy = (s.proxy = buildProxy(ctx, ledger, paying, ca))
@@ -310,6 +336,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     let closing: Promise<void> | undefined
     return {
       ...{ config, store: s.store, registry, policies, chain, wallets, engine, transactions, outbox, events, hooks, reconciler, proxy, ca, egress, accountKey },
+      metrics: { aggregates: ledger.aggregates, prometheus },
       apiUrl: urlOf(addr),
       proxyUrl: urlOf(proxyAddr),
       close: () => (closing ??= closeStarted(s, config.shutdown.graceMs)),
@@ -324,6 +351,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
 async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await Promise.all([closeServer(s.api!, graceMs), s.proxy!.close(graceMs)])
   s.stopSweeping!()
+  s.prometheus?.close()
   await s.reconciler!.close()
   await s.outbox!.close()
   await s.upstream!.close()

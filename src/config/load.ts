@@ -61,6 +61,7 @@ export interface Config {
   upstream: { caFile: string | null }
   log: { level: string }
   shutdown: { graceMs: number }
+  metrics: { agentLabels: boolean; requireKey: boolean }
 }
 
 type Source = 'default' | 'file' | 'env' | 'flag'

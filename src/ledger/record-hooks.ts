@@ -5,13 +5,16 @@ import type { TxRecord } from './transactions.js'
  * A change to a transaction record, as the engine writes it. `rejected`: a policy refusal,
  * recorded; `reserved`: the hold and the pending record; `paid`: settled, with its ledger
  * record; `finished`: closed unpaid (failed, released) or left open (held); without `prev`
- * when it failed before anything was reserved (insufficient funds).
+ * when it failed before anything was reserved (insufficient funds); `session`: a call served
+ * under an MPP session, written with the agent's usage (there is no record).
  */
 export type RecordChange =
   | { kind: 'rejected'; record: TxRecord }
   | { kind: 'reserved'; record: TxRecord }
   | { kind: 'paid'; record: TxRecord; prev: TxRecord }
   | { kind: 'finished'; record: TxRecord; prev?: TxRecord }
+  /** A call served under an MPP session (no payment, no record): only counters move. */
+  | { kind: 'session'; agentId: string; at: number; endpoint: string }
 
 /** Returns store operations to write in the same atomic batch as the record (aggregates, an event outbox entry). */
 export type RecordContributor = (change: RecordChange) => BatchOp[]

@@ -70,6 +70,10 @@ export interface TxRecord {
   attempts?: number
   idempotencyKey?: string
   ledger?: { status: 'queued' | 'confirmed' | 'failed'; blockNumber?: number; error?: string }
+  /** `invocation`: the root record of an invocation (its run total; excluded from spend metrics). */
+  kind?: 'invocation'
+  /** A payment made inside invocations: their id and orchestrator agentIds, outermost first. */
+  invocation?: { id: string; invokers: string[] }
 }
 
 /** Sortable id: creation ms in base36 (fixed width) plus randomness. */
