@@ -2,9 +2,9 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { addPaid, addRejected, decodeBucket, emptyBucket, encodeBucket, endpointKey, type Bucket, type StoredBucket } from './buckets.js'
+import { addPaid, addRejected, decodeBucket, emptyBucket, encodeBucket, endpointKey, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
 import { deltasOf, deltasOfRecord, type Delta } from './deltas.js'
-import { floorTo, HOUR_MS, kept, MINUTE_MS, sizeOf, type Precision } from './windows.js'
+import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, sizeOf, type Precision } from './windows.js'
 
 /** Bump when what a bucket holds changes: a store whose aggregates are older is backfilled again. */
 export const AGGREGATES_VERSION = 1
@@ -18,6 +18,8 @@ export interface AgentBuckets {
   /** By bucket start (ms). */
   minutes: Map<number, Bucket>
   hours: Map<number, Bucket>
+  /** The hours summed by UTC day, in memory only (rebuilt at load): long windows read days. */
+  days: Map<number, Bucket>
   prunedAt: number
 }
 
@@ -92,12 +94,12 @@ export class Aggregates {
 
   private agentOf(agentId: string): AgentBuckets {
     let a = this.agents.get(agentId)
-    if (!a) this.agents.set(agentId, (a = { minutes: new Map(), hours: new Map(), prunedAt: 0 }))
+    if (!a) this.agents.set(agentId, (a = { minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0 }))
     return a
   }
 
-  private bucketOf(a: AgentBuckets, precision: Precision, start: number): Bucket {
-    const m = precision === 'minute' ? a.minutes : a.hours
+  private bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
+    const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
     let b = m.get(start)
     if (!b) m.set(start, (b = emptyBucket()))
     return b
@@ -112,6 +114,7 @@ export class Aggregates {
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
     applyDelta(hour, d, endpoint)
+    applyDelta(this.bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
     if (ops) ops.push(this.putOp(d.agentId, 'hour', hourStart, hour))
     const minuteStart = floorTo(d.at, MINUTE_MS)
     if (!kept('minute', minuteStart, now)) return
@@ -140,6 +143,7 @@ export class Aggregates {
         ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
       }
     }
+    for (const start of a.days.keys()) if (start + DAY_MS <= now - HOUR_RETENTION_MS) a.days.delete(start)
   }
 
   /** Add a record as it stands (a backfill or a recount). */
@@ -178,7 +182,12 @@ export class Aggregates {
         continue
       }
       const a = this.agentOf(k.agentId)
-      ;(k.precision === 'minute' ? a.minutes : a.hours).set(k.start, decodeBucket(value))
+      const b = decodeBucket(value)
+      if (k.precision === 'minute') a.minutes.set(k.start, b)
+      else {
+        a.hours.set(k.start, b)
+        mergeInto(this.bucketOf(a, 'day', floorTo(k.start, DAY_MS)), b, true)
+      }
       n++
     }
     if (stale.length) await this.store.batch(stale)

@@ -1,7 +1,7 @@
 import { toUsdcNumber, usdc } from '../util/money.js'
 import type { AgentBuckets } from './aggregates.js'
 import { emptyBucket, mergeInto, quantile, type Bucket } from './buckets.js'
-import { floorTo, seriesStarts, sizeOf, unknownValue, type Span } from './windows.js'
+import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, seriesStarts, unknownValue, type Span } from './windows.js'
 
 /** The metrics an agent's call may ask for, in the order they are listed in a 400. */
 export const AGENT_METRICS = [
@@ -45,8 +45,6 @@ export function parseMetrics(v: string | null, allowed: readonly MetricName[]): 
 export function sumAgent(a: AgentBuckets | undefined, span: Span, endpoints: boolean, series: Map<number, bigint> | null): Bucket {
   const out = emptyBucket()
   if (!a) return out
-  const m = span.precision === 'minute' ? a.minutes : a.hours
-  const size = sizeOf(span.precision)
   const add = (t: number, b: Bucket): void => {
     mergeInto(out, b, endpoints)
     if (series && b.spend) {
@@ -54,15 +52,34 @@ export function sumAgent(a: AgentBuckets | undefined, span: Span, endpoints: boo
       series.set(at, (series.get(at) ?? 0n) + b.spend)
     }
   }
-  if ((span.last - span.from) / size + 1 > m.size) {
-    for (const [t, b] of m) if (t >= span.from && t <= span.last) add(t, b)
-  } else {
-    for (let t = span.from; t <= span.last; t += size) {
-      const b = m.get(t)
-      if (b) add(t, b)
-    }
+  if (span.precision === 'minute') {
+    walk(a.minutes, span.from, span.last, MINUTE_MS, add)
+    return out
   }
+  // Whole UTC days inside the span are read from the day sums (unless the series is finer than a day).
+  const firstDay = Math.ceil(span.from / DAY_MS) * DAY_MS
+  const endDay = Math.floor((span.last + HOUR_MS) / DAY_MS) * DAY_MS
+  if ((series && span.step < DAY_MS) || firstDay >= endDay) {
+    walk(a.hours, span.from, span.last, HOUR_MS, add)
+    return out
+  }
+  walk(a.hours, span.from, firstDay - HOUR_MS, HOUR_MS, add)
+  walk(a.days, firstDay, endDay - DAY_MS, DAY_MS, add)
+  walk(a.hours, endDay, span.last, HOUR_MS, add)
   return out
+}
+
+/** Each bucket of `m` starting in [from, last], stepping by `size`; a sparse map is walked instead of the range. */
+function walk(m: Map<number, Bucket>, from: number, last: number, size: number, add: (t: number, b: Bucket) => void): void {
+  if (last < from) return
+  if ((last - from) / size + 1 > m.size) {
+    for (const [t, b] of m) if (t >= from && t <= last) add(t, b)
+    return
+  }
+  for (let t = from; t <= last; t += size) {
+    const b = m.get(t)
+    if (b) add(t, b)
+  }
 }
 
 const round = (n: number, digits: number): number => Math.round(n * 10 ** digits) / 10 ** digits

@@ -225,3 +225,38 @@ t.test('buckets past retention are dropped (minutes after 48 h, hours after 400 
   t.equal(keys.filter((k) => k.includes('\x00m\x00')).length, 1, 'and deleted from the store')
   t.same(h.metrics('a', { from: new Date(T0 - HOUR_MS).toISOString(), to: new Date(T0 + HOUR_MS).toISOString() }).spend, { total: 1 }, 'hours still answer')
 })
+
+t.test('long windows read whole days from the day sums: the same totals as hour by hour, live and after a load', async (t) => {
+  const { store } = await testStore(t)
+  const clock = new ManualClock(T0 + 17 * MINUTE_MS)
+  const h = harness(store, clock)
+  let seed = 7
+  const rand = () => {
+    seed = (seed * 1664525 + 1013904223) >>> 0
+    return seed / 2 ** 32
+  }
+  for (let i = 0; i < 300; i++) {
+    const at = Math.floor(clock.now() - rand() * 25 * 24 * HOUR_MS)
+    if (i % 10 === 0) await h.reject('a', at, 'budget_exceeded')
+    else await h.pay('a', at, BigInt(1000 + Math.floor(rand() * 9000)), { endpoint: `https://e${i % 7}.example/`, protocol: i % 3 ? 'x402' : 'mpp' })
+  }
+  const names = ['spend', 'tx_count', 'protocol_split', 'rejected_count', 'max_cost', 'top_endpoints', 'paid_latency'] as const
+  const both = (agg: Aggregates, q: Parameters<typeof resolveWindow>[0]) => {
+    const span = resolveWindow(q, clock.now())
+    const byDays = render(names, sumAgent(agg.agent('a'), span, true, null), span, null)
+    const byHours = render(names, sumAgent(agg.agent('a'), { ...span, step: HOUR_MS }, true, new Map()), span, null)
+    return [byDays, byHours]
+  }
+  for (const q of [{ window: '7d' }, { window: '30d' }, { from: '2026-02-20T05:00:00Z', to: '2026-03-08T13:30:00Z' }]) {
+    const [byDays, byHours] = both(h.aggregates, q)
+    t.same(byDays, byHours, JSON.stringify(q))
+  }
+  const loaded = new Aggregates(store, clock)
+  await store.batch([{ type: 'put', coll: store.collection('meta'), key: AGGREGATES_META_KEY, value: 1 }])
+  await loaded.start(h.transactions, store.collection('meta'))
+  const [live] = both(h.aggregates, { window: '30d' })
+  const [again, againHours] = both(loaded, { window: '30d' })
+  t.same(again, live, 'the day sums rebuilt at load')
+  t.same(againHours, live)
+  t.equal((live as { tx_count: number }).tx_count, 270)
+})
