@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs'
 import t from 'tap'
 import parsePrometheusTextFormat, { type PromFamily } from 'parse-prometheus-text-format'
 import { ProxyAgent, request } from 'undici'
@@ -215,4 +216,9 @@ t.test('/metrics: Prometheus text format, parsed by a real parser, every family 
   t.notOk(labels.has('agent'), 'no agent labels by default')
   for (const l of labels) t.notMatch(l, /url|endpoint|path|host/, `no URL label (${l})`)
   t.notMatch(text, /127\.0\.0\.1|http:\/\//, 'no URL anywhere in the exposition')
+  // The example dashboard uses only names that are exposed.
+  const dashboard = readFileSync(new URL('../../docs/grafana-dashboard.json', import.meta.url), 'utf8')
+  const used = new Set([...dashboard.matchAll(/\b(paygate_[a-z_]+|process_[a-z_]+|nodejs_[a-z0-9_]+)/g)].map((m) => m[1]!.replace(/_(bucket|count|sum)$/, '')))
+  t.ok(used.size >= 15)
+  for (const name of used) t.ok(types[name], `the dashboard's ${name} is exposed`)
 })
