@@ -116,7 +116,8 @@ export async function benchMetrics(o: MetricsBenchOptions): Promise<void> {
         PAYGATE_API_RATE_LIMIT_PER_KEY_BURST: '100000',
       },
     })
-    console.log(`gateway started on it in ${fmt((Date.now() - t0) / 1000, 2)} s (aggregates loaded from the store)`)
+    const buckets = gw.gw.metrics.aggregates.snapshot().size
+    console.log(`gateway started on it in ${fmt((Date.now() - t0) / 1000, 2)} s (${buckets} aggregate buckets loaded from the store; heap ${fmt(process.memoryUsage().heapUsed / 2 ** 20, 0)} MiB)`)
     try {
       for (let i = 0; i < o.agents; i++) await gw.api('POST', '/v1/agents', { body: { agentId: `bench-${i}` } })
       const get = async (path: string): Promise<void> => {

@@ -172,7 +172,7 @@ export class Aggregates {
 
   private async load(now: number): Promise<number> {
     let n = 0
-    let stale: BatchOp[] = []
+    const stale: BatchOp[] = []
     for await (const [key, value] of this.coll.entries()) {
       const k = parseBucketKey(key)
       if (!k) continue
@@ -191,7 +191,6 @@ export class Aggregates {
       n++
     }
     if (stale.length) await this.store.batch(stale)
-    stale = []
     return n
   }
 

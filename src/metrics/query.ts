@@ -39,8 +39,9 @@ export function parseMetrics(v: string | null, allowed: readonly MetricName[]): 
 
 /**
  * The sum of one agent's buckets in `span`, with endpoints only when asked (they cost the
- * most) and each bucket's spend added to `series` at its step when given. A sparse agent's
- * map is walked instead of the span.
+ * most) and each bucket's spend added to `series` at its step when given. The coarsest
+ * buckets that fit are read: minutes only at the edges of a minute-exact span, whole hours
+ * and whole UTC days in between (a coarser bucket is exactly the sum of its finer ones).
  */
 export function sumAgent(a: AgentBuckets | undefined, span: Span, endpoints: boolean, series: Map<number, bigint> | null): Bucket {
   const out = emptyBucket()
@@ -53,7 +54,16 @@ export function sumAgent(a: AgentBuckets | undefined, span: Span, endpoints: boo
     }
   }
   if (span.precision === 'minute') {
-    walk(a.minutes, span.from, span.last, MINUTE_MS, add)
+    // Whole hours inside the span are read from the hour buckets (unless the series is per minute).
+    const firstHour = Math.ceil(span.from / HOUR_MS) * HOUR_MS
+    const endHour = Math.floor((span.last + MINUTE_MS) / HOUR_MS) * HOUR_MS
+    if ((series && span.step < HOUR_MS) || firstHour >= endHour) {
+      walk(a.minutes, span.from, span.last, MINUTE_MS, add)
+      return out
+    }
+    walk(a.minutes, span.from, firstHour - MINUTE_MS, MINUTE_MS, add)
+    walk(a.hours, firstHour, endHour - HOUR_MS, HOUR_MS, add)
+    walk(a.minutes, endHour, span.last, MINUTE_MS, add)
     return out
   }
   // Whole UTC days inside the span are read from the day sums (unless the series is finer than a day).

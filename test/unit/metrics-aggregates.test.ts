@@ -251,6 +251,15 @@ t.test('long windows read whole days from the day sums: the same totals as hour 
     const [byDays, byHours] = both(h.aggregates, q)
     t.same(byDays, byHours, JSON.stringify(q))
   }
+  // Minute-exact spans: whole hours from the hour buckets, the same as minute by minute.
+  for (const q of [{ window: '24h' }, { from: new Date(clock.now() - 20 * HOUR_MS - 7 * MINUTE_MS).toISOString(), to: new Date(clock.now() - 3 * MINUTE_MS).toISOString() }]) {
+    const span = resolveWindow(q, clock.now())
+    t.equal(span.precision, 'minute')
+    const byHours = render(names, sumAgent(h.aggregates.agent('a'), span, true, null), span, null)
+    const byMinutes = render(names, sumAgent(h.aggregates.agent('a'), { ...span, step: MINUTE_MS }, true, new Map()), span, null)
+    t.same(byHours, byMinutes, JSON.stringify(q))
+    t.ok((byHours as { tx_count: number }).tx_count > 5)
+  }
   const loaded = new Aggregates(store, clock)
   await store.batch([{ type: 'put', coll: store.collection('meta'), key: AGGREGATES_META_KEY, value: 1 }])
   await loaded.start(h.transactions, store.collection('meta'))
