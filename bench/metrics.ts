@@ -137,6 +137,7 @@ export async function benchMetrics(o: MetricsBenchOptions): Promise<void> {
       const base = await timeCalls(o.calls, o.maxCallMs, baseline)
       const agent = await timeCalls(o.calls, o.maxCallMs, agentCall)
       const account = await timeCalls(Math.ceil(o.calls / 2), o.maxCallMs, accountCall)
+      const accountDefault = await timeCalls(Math.ceil(o.calls / 2), o.maxCallMs, (i) => get(`/v1/metrics?window=${windows[i % windows.length]}`))
       const line = (name: string, r: { n: number; p50: number; p95: number }, goal?: number) =>
         console.log(
           `${name.padEnd(44)} n=${String(r.n).padStart(4)}  p50 ${fmt(r.p50).padStart(7)} ms  p95 ${fmt(r.p95).padStart(7)} ms  p95 ${fmt(r.p95 / base.p95).padStart(6)}x baseline${goal ? `  (goal < ${goal} ms: ${r.p95 < goal ? 'met' : 'NOT met'})` : ''}`,
@@ -144,6 +145,7 @@ export async function benchMetrics(o: MetricsBenchOptions): Promise<void> {
       line('baseline GET /v1/agents/<id>', base)
       line('GET /v1/agents/<id>/metrics (all, 1h..30d)', agent, 20)
       line('GET /v1/metrics (all, 1h..30d, 100 agents)', account, 100)
+      line('GET /v1/metrics (defaults, 1h..30d)', accountDefault, 100)
     } finally {
       await gw.close()
     }

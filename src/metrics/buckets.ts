@@ -114,13 +114,16 @@ export function mergeInto(into: Bucket, b: Bucket, endpoints: boolean): void {
   into.sessions += b.sessions
   into.delegated += b.delegated
   for (const i in b.latency) into.latency[i as unknown as number] = (into.latency[i as unknown as number] ?? 0) + b.latency[i as unknown as number]!
-  if (!endpoints) return
-  for (const [k, e] of b.endpoints) {
-    const have = into.endpoints.get(k)
+  if (endpoints) mergeEndpoints(into.endpoints, b.endpoints)
+}
+
+export function mergeEndpoints(into: Map<string, EndpointTotals>, from: Map<string, EndpointTotals>): void {
+  for (const [k, e] of from) {
+    const have = into.get(k)
     if (have) {
       have.spend += e.spend
       have.n += e.n
-    } else into.endpoints.set(k, { spend: e.spend, n: e.n })
+    } else into.set(k, { spend: e.spend, n: e.n })
   }
 }
 

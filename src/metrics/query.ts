@@ -1,6 +1,6 @@
 import { toUsdcNumber, usdc } from '../util/money.js'
 import type { AgentBuckets } from './aggregates.js'
-import { emptyBucket, mergeInto, quantile, type Bucket } from './buckets.js'
+import { emptyBucket, type EndpointTotals, mergeEndpoints, mergeInto, quantile, type Bucket } from './buckets.js'
 import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, seriesStarts, unknownValue, type Span } from './windows.js'
 
 /** The metrics an agent's call may ask for, in the order they are listed in a 400. */
@@ -43,11 +43,20 @@ export function parseMetrics(v: string | null, allowed: readonly MetricName[]): 
  * buckets that fit are read: minutes only at the edges of a minute-exact span, whole hours
  * and whole UTC days in between (a coarser bucket is exactly the sum of its finer ones).
  */
-export function sumAgent(a: AgentBuckets | undefined, span: Span, endpoints: boolean, series: Map<number, bigint> | null): Bucket {
+export function sumAgent(
+  a: AgentBuckets | undefined,
+  span: Span,
+  endpoints: boolean,
+  series: Map<number, bigint> | null,
+  /** Where the endpoints go (the account's total, summed once), if not into the agent's sum. */
+  endpointsInto?: Map<string, EndpointTotals>,
+): Bucket {
   const out = emptyBucket()
   if (!a) return out
+  const eps = endpointsInto ?? out.endpoints
   const add = (t: number, b: Bucket): void => {
-    mergeInto(out, b, endpoints)
+    mergeInto(out, b, false)
+    if (endpoints) mergeEndpoints(eps, b.endpoints)
     if (series && b.spend) {
       const at = floorTo(t, span.step)
       series.set(at, (series.get(at) ?? 0n) + b.spend)
@@ -173,8 +182,8 @@ export function accountMetrics(
   const total = emptyBucket()
   const per: [string, Bucket][] = []
   for (const [agentId, a] of agents) {
-    const b = sumAgent(a, span, endpoints, series)
-    mergeInto(total, b, endpoints)
+    const b = sumAgent(a, span, endpoints, series, total.endpoints)
+    mergeInto(total, b, false)
     if (b.paid || b.spend) per.push([agentId, b])
   }
   const by_agent: Record<string, { spend: { total: number }; tx_count: number }> = {}
