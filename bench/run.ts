@@ -5,6 +5,7 @@
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { benchAlerts } from './alerts.js'
+import { benchMetrics } from './metrics.js'
 import { benchPay } from './pay.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
@@ -25,12 +26,24 @@ const benches: Record<string, () => Promise<void>> = {
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
   alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
 }
+/** Run only when named: `metrics` writes a million transactions (about a gigabyte) first. */
+const onRequest: Record<string, () => Promise<void>> = {
+  metrics: () =>
+    benchMetrics({
+      transactions: Number(process.env.BENCH_METRICS_TX ?? 1_000_000),
+      agents: 100,
+      days: 30,
+      maxFillMs: 900_000,
+      calls: 400,
+      maxCallMs: 60_000,
+    }),
+}
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))
 for (const name of wanted.length ? wanted : Object.keys(benches)) {
-  const b = benches[name]
+  const b = benches[name] ?? onRequest[name]
   if (!b) {
-    console.error(`unknown benchmark ${name}; known: ${Object.keys(benches).join(', ')}`)
+    console.error(`unknown benchmark ${name}; known: ${[...Object.keys(benches), ...Object.keys(onRequest)].join(', ')}`)
     process.exit(2)
   }
   console.log(`\n# ${name}`)

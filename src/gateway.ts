@@ -1,8 +1,6 @@
 import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
-import type { Server as NetServer } from 'node:net'
 import { rootCertificates } from 'node:tls'
-import type { AddressInfo } from 'node:net'
 import { Registry } from './agents/registry.js'
 import { ApiRateLimits } from './api/rate-limit.js'
 import { Router } from './api/router.js'
@@ -10,6 +8,7 @@ import { agentRoutes } from './api/routes/agents.js'
 import { caRoutes } from './api/routes/ca.js'
 import { healthRoutes } from './api/routes/health.js'
 import { openapiRoutes } from './api/routes/openapi.js'
+import { metricsRoutes, prometheusRoute } from './api/routes/metrics.js'
 import { policyRoutes } from './api/routes/policies.js'
 import { walletRoutes } from './api/routes/wallets.js'
 import { payRoutes } from './api/routes/pay.js'
@@ -25,18 +24,19 @@ import { webhookRoutes } from './api/routes/webhooks.js'
 import { buildNotifications, type Notifications } from './notify/index.js'
 import { LedgerWriter } from './chain/ledger-tx.js'
 import { PaymentEngine } from './engine/engine.js'
-import { MppAdapter, type MppSettings } from './engine/adapters/mpp.js'
+import { MppAdapter } from './engine/adapters/mpp.js'
 import { PaymentAuthAdapter } from './engine/adapters/payment-auth.js'
 import { X402Adapter } from './engine/adapters/x402.js'
 import { Idempotency } from './engine/idempotency.js'
-import { CardRail, HttpCardProvider, type CardProvider, type Rail } from './engine/rails.js'
+import type { CardProvider, Rail } from './engine/rails.js'
 import { MppSessions } from './engine/sessions.js'
-import { DEFAULT_METHOD_RAILS } from './protocols/mpp.js'
 import { Reconciler } from './engine/reconciler.js'
 import { Upstream } from './upstream/upstream.js'
 import { EgressGuard, type Resolver } from './net/egress.js'
 import { EventBus } from './events/bus.js'
 import { RecordHooks } from './ledger/record-hooks.js'
+import { Aggregates } from './metrics/aggregates.js'
+import { PrometheusMetrics } from './metrics/prometheus.js'
 import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
@@ -54,7 +54,9 @@ import { systemClock, type Clock } from './util/clock.js'
 import { Keystore } from './wallet/keystore.js'
 import { WalletService } from './wallet/service.js'
 import { Wallets } from './wallet/wallets.js'
-import { isLoopback, portTaken } from './util/ports.js'
+import { isLoopback } from './util/ports.js'
+import { closeServer, listen, urlOf } from './util/listen.js'
+import { mppSettings, railsOf } from './engine/settings.js'
 
 export interface GatewayOptions {
   log: Logger
@@ -89,6 +91,8 @@ export interface Gateway {
   readonly notify: Notifications
   /** The egress guard every agent connection passes (its counters count denials). */
   readonly egress: EgressGuard
+  /** Per-agent aggregates (the metrics API) and the Prometheus registry (`registerGauge` for other features' gauges). */
+  readonly metrics: { aggregates: Aggregates; prometheus: PrometheusMetrics }
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** Address of the forward-proxy port, e.g. http://127.0.0.1:8402 */
@@ -115,46 +119,6 @@ function localChainPort(chain: Chain, rpcUrl: string): number | null {
   return Number(u.port) || (u.protocol === 'https:' || u.protocol === 'wss:' ? 443 : 80)
 }
 
-/** Listen, naming the config key when the address is taken. */
-function listen(server: NetServer, port: number, host: string, key: string): Promise<AddressInfo> {
-  return new Promise((resolve, reject) => {
-    const failed = (e: NodeJS.ErrnoException): void => reject(e.code === 'EADDRINUSE' ? portTaken(key, host, port) : e)
-    server.once('error', failed)
-    server.listen(port, host, () => {
-      server.off('error', failed)
-      resolve(server.address() as AddressInfo)
-    })
-  })
-}
-
-const urlOf = (a: AddressInfo): string => `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`
-
-/** Graceful close: stop accepting, let in-flight requests finish within `graceMs`, then cut. */
-async function closeServer(server: Server, graceMs: number): Promise<void> {
-  if (!server.listening) return
-  const closed = new Promise<void>((resolve) => server.close(() => resolve()))
-  server.closeIdleConnections()
-  const timer = setTimeout(() => server.closeAllConnections(), graceMs)
-  await closed
-  clearTimeout(timer)
-}
-
-function railsOf(config: Config, opts: GatewayOptions): Map<string, Rail> {
-  const rails = new Map<string, Rail>()
-  const provider = opts.cardProvider ?? (config.mpp.cardProviderUrl ? new HttpCardProvider(config.mpp.cardProviderUrl, config.mpp.cardProviderKey) : null)
-  if (provider) rails.set('card', new CardRail(provider))
-  for (const r of opts.rails ?? []) rails.set(r.name, r)
-  return rails
-}
-
-function mppSettings(config: Config): MppSettings {
-  const methods: Record<string, string> = { ...DEFAULT_METHOD_RAILS }
-  for (const [k, v] of Object.entries(config.mpp.methods)) methods[k.toLowerCase()] = v
-  const rates: Record<string, string> = {}
-  for (const [k, v] of Object.entries(config.mpp.rates)) rates[k.toUpperCase()] = v
-  return { methods, rates, paymentEndpointHosts: config.mpp.paymentEndpointHosts, sessionTtlSeconds: config.mpp.sessionTtlSeconds, maxAuthorizationSeconds: config.pay.maxAuthorizationSeconds }
-}
-
 /** What the builders share: the config, the options, and the clock and log from them. */
 interface Ctx {
   config: Config
@@ -173,6 +137,7 @@ interface Started {
   proxy?: ProxyServer
   api?: Server
   notify?: Notifications
+  prometheus?: PrometheusMetrics
   stopSweeping?: () => void
 }
 
@@ -180,6 +145,7 @@ interface Started {
 async function stopStarted(s: Started): Promise<void> {
   s.stopSweeping?.()
   await s.notify?.close()
+  s.prometheus?.close()
   if (s.api) await closeServer(s.api, 0)
   await s.proxy?.close(0)
   await s.reconciler?.close()
@@ -223,9 +189,13 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   // Cost trees read an index by parent; a store from before it gets it built once.
   const indexed = await transactions.indexParents(store.collection('meta'))
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
+  // Before anything writes records: the aggregates are loaded, or built once from the records.
+  const aggregates = new Aggregates(store, clock)
+  const built = await aggregates.start(transactions, store.collection('meta'))
+  if (built.backfilled !== null) log.info({ records: built.backfilled, buckets: built.buckets }, 'built the metrics aggregates from the stored transactions')
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
   await outbox.start()
-  return { store, registry, policies, commitKeys, keystore, chain, walletStore, wallets, transactions, outbox }
+  return { store, registry, policies, commitKeys, keystore, chain, walletStore, wallets, transactions, outbox, aggregates }
 }
 type Ledger = Awaited<ReturnType<typeof buildLedger>>
 
@@ -247,6 +217,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   // Invocation caps follow their payments' records in the same writes.
   const invocations = new InvocationBook(l.store)
   hooks.add(invocations.contributor)
+  hooks.add(l.aggregates.contributor)
   const rails = railsOf(config, opts)
   const settings = mppSettings(config)
   const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)
@@ -282,8 +253,10 @@ async function buildNotify({ config, log, clock }: Ctx, l: Ledger, p: Paying, eg
 }
 
 /** The /v1 router (the CA's routes are added once the CA is loaded) and the API server. */
-function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notify: Notifications): { router: Router; api: Server } {
+function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notify: Notifications, prom: PrometheusMetrics): { router: Router; api: Server } {
   const router = new Router().add(
+    // First: matched before anything the dashboard serves under `/`.
+    prometheusRoute(prom, config.metrics.requireKey),
     ...invokeRoutes(p.runner, p.invocations, p.idempotency),
     ...healthRoutes([
       { name: 'store', check: async () => l.store.status === 'open' && l.store.applyError === undefined },
@@ -300,6 +273,7 @@ function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notif
     ...alertRoutes(notify),
     ...webhookRoutes(notify),
     ...deliveryRoutes(notify),
+    ...metricsRoutes({ aggregates: l.aggregates, registry: l.registry, policies: l.policies, clock }),
   )
   const api = createApiServer({
     router,
@@ -343,7 +317,19 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     const interrupted = await closeInterrupted(paying.invocations, paying.runner, ledger.transactions)
     if (interrupted) ctx.log.warn({ invocations: interrupted }, 'closed invocations left open by the last run as interrupted')
     const notify = await buildNotify(ctx, ledger, paying, egress, s)
-    const { router, api } = buildApi(ctx, ledger, paying, notify)
+    // Its proxy gauges are read when scraped, once the proxy below exists.
+    const prometheus = (s.prometheus = new PrometheusMetrics(
+      {
+        get proxy() {
+          return s.proxy!
+        },
+        egress,
+        outbox: ledger.outbox,
+      },
+      { agentLabels: config.metrics.agentLabels },
+    ))
+    prometheus.registerGauge('paygate_delivery_queue_depth', 'Notification deliveries waiting to be sent (pending or retrying).', () => notify.queueDepth())
+    const { router, api } = buildApi(ctx, ledger, paying, notify, prometheus)
     s.api = api
     const ca = await CertificateAuthority.load(config.certsDir)
     const proxy = (s.proxy = buildProxy(ctx, ledger, paying, ca))
@@ -362,6 +348,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     let closing: Promise<void> | undefined
     return {
       ...{ config, store: s.store, registry, policies, chain, wallets, engine, transactions, outbox, events, hooks, reconciler, proxy, ca, egress, accountKey, notify },
+      metrics: { aggregates: ledger.aggregates, prometheus },
       apiUrl: urlOf(addr),
       proxyUrl: urlOf(proxyAddr),
       close: () => (closing ??= closeStarted(s, config.shutdown.graceMs)),
@@ -377,6 +364,7 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await Promise.all([closeServer(s.api!, graceMs), s.proxy!.close(graceMs)])
   s.stopSweeping!()
   await s.notify!.close()
+  s.prometheus?.close()
   await s.reconciler!.close()
   await s.outbox!.close()
   await s.upstream!.close()

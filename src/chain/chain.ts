@@ -14,7 +14,7 @@ import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
 import { startDevnet, type Devnet, type SendResult } from './devnet/index.js'
 import { portTaken } from '../util/ports.js'
-import { transportFor, unanswered } from './rpc.js'
+import { instrumented, transportFor, unanswered } from './rpc.js'
 import { readTokenDomain } from './token-domain.js'
 
 export { readTokenDomain } from './token-domain.js'
@@ -121,6 +121,7 @@ export class Chain {
       rpcUrl = devnet.rpcUrl
       transport = custom({ request: (args) => devnet!.request(args as { method: string; params?: unknown[] }) })
     }
+    transport = instrumented(transport)
     try {
       const network = c.network ?? (devnet ? EMBEDDED_NETWORK : networkNameFor(c.chainId))
       const chain = viemChain(c.chainId, network, rpcUrl)

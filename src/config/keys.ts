@@ -271,6 +271,8 @@ export const KEYS: readonly KeySpec[] = [
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },
   { path: 'shutdown.graceMs', kind: 'int', min: 0, max: 600_000, doc: 'On SIGINT/SIGTERM, how long in-flight requests may finish before connections are closed.' },
+  { path: 'metrics.agentLabels', kind: 'bool', doc: 'Label Prometheus request and payment series by agent (one series per agent: keep it off with many agents).' },
+  { path: 'metrics.requireKey', kind: 'bool', doc: 'Serve `GET /metrics` only with the account key (off: scrapers sit on an internal network).' },
 ]
 
 const snake = (seg: string): string => seg.replace(/([a-z0-9])([A-Z])/g, '$1_$2').toUpperCase()

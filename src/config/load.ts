@@ -65,6 +65,7 @@ export interface Config {
   smtp: { url: string | null; from: string | null }
   log: { level: string }
   shutdown: { graceMs: number }
+  metrics: { agentLabels: boolean; requireKey: boolean }
 }
 
 type Source = 'default' | 'file' | 'env' | 'flag'

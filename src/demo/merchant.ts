@@ -72,15 +72,37 @@ const send = (res: ServerResponse, status: number, body: unknown, headers: Recor
 }
 const b64 = (v: unknown): string => Buffer.from(JSON.stringify(v)).toString('base64')
 
+/** Serve `handle` on 127.0.0.1:`port`; `close` also ends kept-alive connections. */
+async function serve(handle: (req: IncomingMessage, res: ServerResponse) => Promise<void>, port: number): Promise<{ port: number; close: () => Promise<void> }> {
+  const sockets = new Set<Socket>()
+  const server = createServer((req, res) => {
+    handle(req, res).catch((e: unknown) => {
+      if (!res.headersSent) send(res, e instanceof Refusal ? 402 : 500, { error: e instanceof Refusal ? e.message : `merchant error: ${(e as Error).message}` })
+    })
+  })
+  server.on('connection', (s) => {
+    sockets.add(s)
+    s.on('close', () => sockets.delete(s))
+  })
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, '127.0.0.1', () => resolve())
+  })
+  const close = (): Promise<void> =>
+    new Promise<void>((resolve) => {
+      server.close(() => resolve())
+      for (const s of sockets) s.destroy()
+    })
+  return { port: (server.address() as AddressInfo).port, close }
+}
+
 /** Start the merchant on 127.0.0.1 (port 0 picks one); its gas key is funded with the devnet's anvil_setBalance. */
-export async function startDemoMerchant(chain: DemoChain, price = '0.01', port = 0): Promise<DemoMerchant> {
-  const units = parseDecimal(price)
-  const caip = `eip155:${chain.chainId}`
+/** Settles authorizations on the chain with a fresh gas key (funded with the devnet's anvil_setBalance), one at a time. */
+async function demoSettler(chain: DemoChain, units: bigint, payTo: Hex): Promise<{ settle: (a: Authorization) => Promise<Hex>; settlements: Hex[] }> {
   const token = getAddress(chain.token)
   const transport = http(chain.rpcUrl)
   const vchain = viemChain(chain.chainId, chain.network, chain.rpcUrl)
   const gas = privateKeyToAccount(generatePrivateKey())
-  const payTo = privateKeyToAccount(generatePrivateKey()).address
   const pub = createPublicClient({ chain: vchain, transport, pollingInterval: 50 })
   const wallet = createWalletClient({ chain: vchain, transport, account: gas })
   await pub.request({ method: 'anvil_setBalance' as never, params: [gas.address, '0xde0b6b3a7640000'] as never })
@@ -105,6 +127,15 @@ export async function startDemoMerchant(chain: DemoChain, price = '0.01', port =
     queue = run.catch(() => undefined)
     return run
   }
+  return { settle, settlements }
+}
+
+export async function startDemoMerchant(chain: DemoChain, price = '0.01', port = 0): Promise<DemoMerchant> {
+  const units = parseDecimal(price)
+  const caip = `eip155:${chain.chainId}`
+  const token = getAddress(chain.token)
+  const payTo = privateKeyToAccount(generatePrivateKey()).address
+  const { settle, settlements } = await demoSettler(chain, units, payTo)
 
   let base = ''
   const x402Offer = () => ({ scheme: 'exact', network: caip, amount: units.toString(), asset: token, payTo, maxTimeoutSeconds: 120, extra: { name: 'USD Coin', version: '2' } })
@@ -155,30 +186,7 @@ export async function startDemoMerchant(chain: DemoChain, price = '0.01', port =
     return challenge(res, path, path === '/paid')
   }
 
-  const sockets = new Set<Socket>()
-  const server = createServer((req, res) => {
-    handle(req, res).catch((e: unknown) => {
-      if (!res.headersSent) send(res, e instanceof Refusal ? 402 : 500, { error: e instanceof Refusal ? e.message : `merchant error: ${(e as Error).message}` })
-    })
-  })
-  server.on('connection', (s) => {
-    sockets.add(s)
-    s.on('close', () => sockets.delete(s))
-  })
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject)
-    server.listen(port, '127.0.0.1', () => resolve())
-  })
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
-  return {
-    url: base,
-    payTo,
-    units,
-    settlements,
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve())
-        for (const s of sockets) s.destroy()
-      }),
-  }
+  const served = await serve(handle, port)
+  base = `http://127.0.0.1:${served.port}`
+  return { url: base, payTo, units, settlements, close: served.close }
 }

@@ -194,7 +194,7 @@ export class PaymentEngine {
     const { agentId } = req
     let first = firstAnswer
     if (session) {
-      if (!sessionRefused(first.status)) return this.sessionCall(agentId, first)
+      if (!sessionRefused(first.status)) return this.sessionCall(agentId, req.url, first)
       await this.d.mpp.dropSession(agentId, req.url, session.token)
       if (first.status === 401) {
         first.body.resume()
@@ -227,7 +227,7 @@ export class PaymentEngine {
       const bought = await this.d.mpp.session(agentId, req.url)
       if (bought) {
         const res = await this.sendOrUnreachable(req, { [SESSION_HEADER]: bought.token })
-        if (!sessionRefused(res.status)) return this.sessionCall(agentId, res)
+        if (!sessionRefused(res.status)) return this.sessionCall(agentId, req.url, res)
         res.body.resume()
         await this.d.mpp.dropSession(agentId, req.url, bought.token)
       }
@@ -260,10 +260,8 @@ export class PaymentEngine {
   }
 
   /** A call the target served under an MPP session: no payment, counted in the agent's usage. */
-  private async sessionCall(agentId: string, response: UpstreamResponse): Promise<PayOutcome> {
-    const { written } = await this.recorder.usage(agentId, async (usage) => ({ ops: [this.d.policies.usageOp(agentId, countSessionCall(usage, this.d.clock.now()))], result: undefined }))
-    const w = await written
-    if (!w.ok) throw w.error
+  private async sessionCall(agentId: string, url: string, response: UpstreamResponse): Promise<PayOutcome> {
+    await this.recorder.sessionCall(agentId, endpointOf(url), countSessionCall)
     return { response, payment: null, session: { protocol: 'mpp' } }
   }
 

@@ -2,7 +2,7 @@ import { ledgerLocation, recordIdOf, ZERO32, type LedgerEntry } from '../chain/l
 import { channels } from '../events/channels.js'
 import type { EventBus } from '../events/bus.js'
 import type { Outbox } from '../ledger/outbox.js'
-import type { RecordHooks } from '../ledger/record-hooks.js'
+import type { RecordChange, RecordHooks } from '../ledger/record-hooks.js'
 import { isEip3009, type Transactions, type TxRecord } from '../ledger/transactions.js'
 import type { PolicyStore } from '../policy/store.js'
 import { commit, release, usedToday, type UsageState } from '../policy/usage.js'
@@ -75,9 +75,20 @@ export class Recorder {
   }
 
   /** The operations that write `rec` as `change` describes, with the contributors' share. */
-  ops(change: Parameters<RecordHooks['ops']>[0], extra: readonly BatchOp[] = []): BatchOp[] {
+  ops(change: Exclude<RecordChange, { kind: 'session' }>, extra: readonly BatchOp[] = []): BatchOp[] {
     const prev = 'prev' in change ? change.prev : undefined
     return [...this.d.transactions.ops(change.record, prev), ...extra, ...this.d.hooks.ops(change)]
+  }
+
+  /** A call served under an MPP session: the agent's usage and the contributors' share, in one write. */
+  async sessionCall(agentId: string, endpoint: string, count: (usage: UsageState, now: number) => UsageState): Promise<void> {
+    const { written } = await this.usage(agentId, async (usage) => {
+      const now = this.d.clock.now()
+      const ops = [this.d.policies.usageOp(agentId, count(usage, now)), ...this.d.hooks.ops({ kind: 'session', agentId, at: now, endpoint })]
+      return { ops, result: undefined }
+    })
+    const w = await written
+    if (!w.ok) throw w.error
   }
 
   /** Close a transaction that was not paid: release (or keep) its reservation. */

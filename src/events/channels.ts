@@ -17,6 +17,12 @@ export interface ChannelMessages {
   'paygate:payment:failed': { agentId: string; transactionId: string; protocol: string; held: boolean; error: string }
   /** A policy refused a payment (recorded as a `rejected` transaction). */
   'paygate:payment:rejected': { agentId: string; transactionId: string; reason: string }
+  /** A JSON-RPC call to the chain answered (`error` false) or failed. */
+  'paygate:chain:rpc': { method: string; durationMs: number; error: boolean }
+  /** A ledger record's receipt arrived: `lagMs` from the paid record to its confirmation. */
+  'paygate:ledger:confirmed': { transactionId: string; success: boolean; lagMs: number }
+  /** The egress guard refused a connection (`reason` as in its counters). */
+  'paygate:egress:denied': { reason: string }
 }
 
 export type ChannelName = keyof ChannelMessages
@@ -35,4 +41,7 @@ export const channels = {
   paymentPaid: channelOf('paygate:payment:paid'),
   paymentFailed: channelOf('paygate:payment:failed'),
   paymentRejected: channelOf('paygate:payment:rejected'),
+  chainRpc: channelOf('paygate:chain:rpc'),
+  ledgerConfirmed: channelOf('paygate:ledger:confirmed'),
+  egressDenied: channelOf('paygate:egress:denied'),
 }

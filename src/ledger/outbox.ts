@@ -1,3 +1,4 @@
+import { channels } from '../events/channels.js'
 import type { Hex } from 'viem'
 import type { LedgerEntry, LedgerReceipt, LedgerWriter } from '../chain/ledger-tx.js'
 import type { Logger } from '../log/index.js'
@@ -291,6 +292,7 @@ export class Outbox {
       if (prev) {
         const ledger = r.success ? { status: 'confirmed' as const, blockNumber: r.blockNumber } : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted' }
         ops.push(...this.transactions.ops({ ...prev, ledger }, prev))
+        if (channels.ledgerConfirmed.hasSubscribers) channels.ledgerConfirmed.publish({ transactionId: prev.id, success: r.success, lagMs: Math.max(0, this.clock.now() - prev.updatedAt) })
       }
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
     })

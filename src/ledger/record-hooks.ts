@@ -7,13 +7,16 @@ import type { TxRecord } from './transactions.js'
  * recorded; `reserved`: the hold and the pending record; `paid`: settled, with its ledger
  * record; `finished`: closed unpaid (failed, released) or left open (held); without `prev`
  * when it failed before anything was reserved (insufficient funds). `paid` carries the agent's
- * usage with this payment committed (its budget period and spend, as the policy sees them).
+ * usage with this payment committed (its budget period and spend, as the policy sees them);
+ * `session`: a call served under an MPP session, written with the agent's usage (there is no record).
  */
 export type RecordChange =
   | { kind: 'rejected'; record: TxRecord }
   | { kind: 'reserved'; record: TxRecord }
   | { kind: 'paid'; record: TxRecord; prev: TxRecord; usage?: UsageState }
   | { kind: 'finished'; record: TxRecord; prev?: TxRecord }
+  /** A call served under an MPP session (no payment, no record): only counters move. */
+  | { kind: 'session'; agentId: string; at: number; endpoint: string }
 
 /** Returns store operations to write in the same atomic batch as the record (aggregates, an event outbox entry). */
 export type RecordContributor = (change: RecordChange) => BatchOp[]

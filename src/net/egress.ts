@@ -1,3 +1,4 @@
+import { channels } from '../events/channels.js'
 import { lookup as dnsLookup, type LookupAddress } from 'node:dns'
 import type { LookupFunction } from 'node:net'
 import { networkInterfaces } from 'node:os'
@@ -105,6 +106,7 @@ export class EgressGuard {
   private refuse(host: string, port: number, v: Verdict & { allowed: false }, operator: boolean): PaygateError {
     this.counters.denied++
     this.counters.byReason[v.reason]++
+    if (channels.egressDenied.hasSubscribers) channels.egressDenied.publish({ reason: v.reason })
     this.log.warn({ host, port, reason: v.reason, match: v.match, ...(v.address ? { address: v.address } : {}), ...(operator ? { operator } : {}) }, 'egress denied')
     // A resolved address is named by its range only: the agent learns no internal DNS answer.
     const named = v.address !== undefined && v.reason !== 'own_listener' && v.reason !== 'metadata' && !parseIp(canonicalName(host))

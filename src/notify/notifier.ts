@@ -63,6 +63,8 @@ export class Notifier {
 
   /** The record-hook contributor: synchronous, never throws. */
   readonly contributor = (change: RecordChange): BatchOp[] => {
+    // A call served under an MPP session has no record and fires no alert.
+    if (change.kind === 'session') return []
     try {
       const r = change.record
       let entry: EventEntry

@@ -36,10 +36,7 @@ export interface InvocationRecord extends CapState {
 }
 
 /** A record change as the record hook passes it (the fields read here; policy sits below the ledger). */
-interface SettledChange {
-  kind: string
-  record: { id: string; status: string; txHash: string | null; invocation?: { id: string } }
-}
+type SettledChange = { kind: string; record: { id: string; status: string; txHash: string | null; invocation?: { id: string } } } | { kind: 'session' }
 
 /** What a payment made with an invocation's token needs to know of it. */
 export interface InvocationContext {
@@ -216,7 +213,7 @@ export class InvocationBook {
    * chain of its invocation and of every open one around it.
    */
   readonly contributor = (change: SettledChange): BatchOp[] => {
-    if (change.kind !== 'paid' && change.kind !== 'finished') return []
+    if ((change.kind !== 'paid' && change.kind !== 'finished') || !('record' in change)) return []
     const r = change.record
     const owner = this.owners.get(r.id)
     if (!owner || r.status === 'unknown' || r.status === 'pending') return []

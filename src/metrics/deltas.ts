@@ -1,0 +1,41 @@
+import type { RecordChange } from '../ledger/record-hooks.js'
+import type { TxRecord } from '../ledger/transactions.js'
+
+/**
+ * What a record change adds to the aggregates, as plain data (pure). A payment counts at its
+ * record's `createdAt` (the API's `timestamp`); its latency is from creation to paid.
+ */
+export type Delta =
+  | { kind: 'paid'; agentId: string; at: number; amount: bigint; protocol: 'x402' | 'mpp' | null; latencyMs: number; endpoint: string }
+  | { kind: 'rejected'; agentId: string; at: number; reason: string }
+  | { kind: 'session'; agentId: string; at: number }
+  | { kind: 'delegated'; agentId: string; at: number; amount: bigint }
+
+const NONE: Delta[] = []
+
+/** The deltas of a record in its current state: how a backfill or a recount sees it. */
+export function deltasOfRecord(r: TxRecord): Delta[] {
+  if (r.status === 'rejected') return [{ kind: 'rejected', agentId: r.agentId, at: r.createdAt, reason: r.reason ?? 'unknown' }]
+  // An invocation's root record is a run total, not a payment from a wallet.
+  if (r.status !== 'paid' || r.kind === 'invocation') return NONE
+  const amount = BigInt(r.amount)
+  const out: Delta[] = [{ kind: 'paid', agentId: r.agentId, at: r.createdAt, amount, protocol: r.protocol, latencyMs: Math.max(0, r.updatedAt - r.createdAt), endpoint: r.endpoint }]
+  for (const invoker of new Set(r.invocation?.invokers ?? [])) {
+    if (invoker !== r.agentId) out.push({ kind: 'delegated', agentId: invoker, at: r.createdAt, amount })
+  }
+  return out
+}
+
+/** The deltas of a change as the engine writes it: each payment once, when it turns paid. */
+export function deltasOf(change: RecordChange): Delta[] {
+  switch (change.kind) {
+    case 'rejected':
+      return deltasOfRecord(change.record)
+    case 'paid':
+      return change.prev.status === 'paid' ? NONE : deltasOfRecord(change.record)
+    case 'session':
+      return [{ kind: 'session', agentId: change.agentId, at: change.at }]
+    default:
+      return NONE
+  }
+}

@@ -1,0 +1,196 @@
+import { toUsdcNumber, usdc } from '../util/money.js'
+import type { AgentBuckets } from './aggregates.js'
+import { emptyBucket, type EndpointTotals, mergeEndpoints, mergeInto, quantile, type Bucket } from './buckets.js'
+import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, seriesStarts, unknownValue, type Span } from './windows.js'
+
+/** The metrics an agent's call may ask for, in the order they are listed in a 400. */
+export const AGENT_METRICS = [
+  'spend',
+  'tx_count',
+  'protocol_split',
+  'rejected_count',
+  'avg_cost',
+  'max_cost',
+  'top_endpoints',
+  'paid_latency',
+  'budget_used_pct',
+  'session_calls',
+  'delegated_spend',
+  'spend_series',
+] as const
+export type MetricName = (typeof AGENT_METRICS)[number]
+/** The account's: the same, summed, without `budget_used_pct` (budgets are per agent). */
+export const ACCOUNT_METRICS: readonly MetricName[] = AGENT_METRICS.filter((m) => m !== 'budget_used_pct')
+export const DEFAULT_METRICS: readonly MetricName[] = ['spend', 'tx_count', 'protocol_split']
+export const TOP_ENDPOINTS = 10
+export const TOP_SPENDERS = 10
+
+/** `metrics=a,b` (absent: the defaults); 400 naming `metrics` and the allowed values for an unknown one. */
+export function parseMetrics(v: string | null, allowed: readonly MetricName[]): MetricName[] {
+  if (v === null) return [...DEFAULT_METRICS]
+  const out: MetricName[] = []
+  for (const raw of v.split(',')) {
+    const name = raw.trim()
+    if (!(allowed as readonly string[]).includes(name)) throw unknownValue('metrics', name, allowed)
+    if (!out.includes(name as MetricName)) out.push(name as MetricName)
+  }
+  return out
+}
+
+/**
+ * The sum of one agent's buckets in `span`, with endpoints only when asked (they cost the
+ * most) and each bucket's spend added to `series` at its step when given. The coarsest
+ * buckets that fit are read: minutes only at the edges of a minute-exact span, whole hours
+ * and whole UTC days in between (a coarser bucket is exactly the sum of its finer ones).
+ */
+export function sumAgent(
+  a: AgentBuckets | undefined,
+  span: Span,
+  endpoints: boolean,
+  series: Map<number, bigint> | null,
+  /** Where the endpoints go (the account's total, summed once), if not into the agent's sum. */
+  endpointsInto?: Map<string, EndpointTotals>,
+): Bucket {
+  const out = emptyBucket()
+  if (!a) return out
+  const eps = endpointsInto ?? out.endpoints
+  const add = (t: number, b: Bucket): void => {
+    mergeInto(out, b, false)
+    if (endpoints) mergeEndpoints(eps, b.endpoints)
+    if (series && b.spend) {
+      const at = floorTo(t, span.step)
+      series.set(at, (series.get(at) ?? 0n) + b.spend)
+    }
+  }
+  if (span.precision === 'minute') {
+    // Whole hours inside the span are read from the hour buckets (unless the series is per minute).
+    const firstHour = Math.ceil(span.from / HOUR_MS) * HOUR_MS
+    const endHour = Math.floor((span.last + MINUTE_MS) / HOUR_MS) * HOUR_MS
+    if ((series && span.step < HOUR_MS) || firstHour >= endHour) {
+      walk(a.minutes, span.from, span.last, MINUTE_MS, add)
+      return out
+    }
+    walk(a.minutes, span.from, firstHour - MINUTE_MS, MINUTE_MS, add)
+    walk(a.hours, firstHour, endHour - HOUR_MS, HOUR_MS, add)
+    walk(a.minutes, endHour, span.last, MINUTE_MS, add)
+    return out
+  }
+  // Whole UTC days inside the span are read from the day sums (unless the series is finer than a day).
+  const firstDay = Math.ceil(span.from / DAY_MS) * DAY_MS
+  const endDay = Math.floor((span.last + HOUR_MS) / DAY_MS) * DAY_MS
+  if ((series && span.step < DAY_MS) || firstDay >= endDay) {
+    walk(a.hours, span.from, span.last, HOUR_MS, add)
+    return out
+  }
+  walk(a.hours, span.from, firstDay - HOUR_MS, HOUR_MS, add)
+  walk(a.days, firstDay, endDay - DAY_MS, DAY_MS, add)
+  walk(a.hours, endDay, span.last, HOUR_MS, add)
+  return out
+}
+
+/** Each bucket of `m` starting in [from, last], stepping by `size`; a sparse map is walked instead of the range. */
+function walk(m: Map<number, Bucket>, from: number, last: number, size: number, add: (t: number, b: Bucket) => void): void {
+  if (last < from) return
+  if ((last - from) / size + 1 > m.size) {
+    for (const [t, b] of m) if (t >= from && t <= last) add(t, b)
+    return
+  }
+  for (let t = from; t <= last; t += size) {
+    const b = m.get(t)
+    if (b) add(t, b)
+  }
+}
+
+const round = (n: number, digits: number): number => Math.round(n * 10 ** digits) / 10 ** digits
+
+function protocolSplit(b: Bucket): { x402: number; mpp: number } {
+  const n = b.x402 + b.mpp
+  if (n === 0) return { x402: 0, mpp: 0 }
+  const x402 = b.x402 / n
+  return { x402, mpp: 1 - x402 }
+}
+
+function topEndpoints(b: Bucket): { endpoint: string; spend: { usdc: number }; tx_count: number }[] {
+  return [...b.endpoints]
+    .sort(([ka, a], [kb, c]) => (a.spend === c.spend ? c.n - a.n || (ka < kb ? -1 : 1) : a.spend > c.spend ? -1 : 1))
+    .slice(0, TOP_ENDPOINTS)
+    .map(([endpoint, e]) => ({ endpoint, spend: usdc(e.spend), tx_count: e.n }))
+}
+
+function latency(b: Bucket): { p50_ms: number | null; p95_ms: number | null } {
+  const at = (q: number): number | null => {
+    const v = quantile(b.latency, q)
+    return v === null ? null : round(v, 2)
+  }
+  return { p50_ms: at(0.5), p95_ms: at(0.95) }
+}
+
+/** The answer's `metrics` object for the asked metrics, from a summed bucket. */
+export function render(names: readonly MetricName[], b: Bucket, span: Span, series: Map<number, bigint> | null, budgetUsedPct: number | null = null): Record<string, unknown> {
+  const out: Record<string, unknown> = {}
+  for (const name of names) {
+    switch (name) {
+      case 'spend':
+        out.spend = { total: toUsdcNumber(b.spend) }
+        break
+      case 'tx_count':
+        out.tx_count = b.paid
+        break
+      case 'protocol_split':
+        out.protocol_split = protocolSplit(b)
+        break
+      case 'rejected_count':
+        out.rejected_count = { total: Object.values(b.rejected).reduce((s, n) => s + n, 0), by_reason: b.rejected }
+        break
+      case 'avg_cost':
+        out.avg_cost = usdc(b.paid ? b.spend / BigInt(b.paid) : 0n)
+        break
+      case 'max_cost':
+        out.max_cost = usdc(b.max)
+        break
+      case 'top_endpoints':
+        out.top_endpoints = topEndpoints(b)
+        break
+      case 'paid_latency':
+        out.paid_latency = latency(b)
+        break
+      case 'budget_used_pct':
+        out.budget_used_pct = budgetUsedPct
+        break
+      case 'session_calls':
+        out.session_calls = b.sessions
+        break
+      case 'delegated_spend':
+        out.delegated_spend = usdc(b.delegated)
+        break
+      case 'spend_series':
+        out.spend_series = seriesStarts(span).map((t) => ({ t: new Date(t).toISOString(), usdc: toUsdcNumber(series?.get(t) ?? 0n) }))
+        break
+    }
+  }
+  return out
+}
+
+/** The account's answer: every agent's sum, the total, `by_agent` and the top spenders. */
+export function accountMetrics(
+  names: readonly MetricName[],
+  agents: [string, AgentBuckets][],
+  span: Span,
+): { metrics: Record<string, unknown>; by_agent: Record<string, { spend: { total: number }; tx_count: number }>; top_spenders: { agentId: string; spend: { total: number }; tx_count: number }[] } {
+  const endpoints = names.includes('top_endpoints')
+  const series = names.includes('spend_series') ? new Map<number, bigint>() : null
+  const total = emptyBucket()
+  const per: [string, Bucket][] = []
+  for (const [agentId, a] of agents) {
+    const b = sumAgent(a, span, endpoints, series, total.endpoints)
+    mergeInto(total, b, false)
+    if (b.paid || b.spend) per.push([agentId, b])
+  }
+  const by_agent: Record<string, { spend: { total: number }; tx_count: number }> = {}
+  for (const [agentId, b] of per) by_agent[agentId] = { spend: { total: toUsdcNumber(b.spend) }, tx_count: b.paid }
+  const top_spenders = per
+    .sort(([ia, a], [ib, b]) => (a.spend === b.spend ? (ia < ib ? -1 : 1) : a.spend > b.spend ? -1 : 1))
+    .slice(0, TOP_SPENDERS)
+    .map(([agentId, b]) => ({ agentId, spend: { total: toUsdcNumber(b.spend) }, tx_count: b.paid }))
+  return { metrics: render(names, total, span, series), by_agent, top_spenders }
+}

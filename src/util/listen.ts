@@ -1,0 +1,27 @@
+import type { Server } from 'node:http'
+import type { AddressInfo, Server as NetServer } from 'node:net'
+import { portTaken } from './ports.js'
+
+/** Listen, naming the config key when the address is taken. */
+export function listen(server: NetServer, port: number, host: string, key: string): Promise<AddressInfo> {
+  return new Promise((resolve, reject) => {
+    const failed = (e: NodeJS.ErrnoException): void => reject(e.code === 'EADDRINUSE' ? portTaken(key, host, port) : e)
+    server.once('error', failed)
+    server.listen(port, host, () => {
+      server.off('error', failed)
+      resolve(server.address() as AddressInfo)
+    })
+  })
+}
+
+export const urlOf = (a: AddressInfo): string => `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`
+
+/** Graceful close: stop accepting, let in-flight requests finish within `graceMs`, then cut. */
+export async function closeServer(server: Server, graceMs: number): Promise<void> {
+  if (!server.listening) return
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()))
+  server.closeIdleConnections()
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs)
+  await closed
+  clearTimeout(timer)
+}
