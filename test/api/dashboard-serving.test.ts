@@ -93,7 +93,9 @@ t.test('through the API port: served, traversal refused, API untouched', async (
     t.notMatch(r.body, /SECRET/, p)
   }
   t.equal((await rawGet(gw.url, '/healthz')).status, 200)
-  t.equal((await rawGet(gw.url, '/metrics')).status, 404, '/metrics is not the dashboard')
+  const metrics = await rawGet(gw.url, '/metrics')
+  t.equal(metrics.status, 200, '/metrics is the Prometheus route')
+  t.match(metrics.headers['content-type'], /^text\/plain/, '/metrics is not the dashboard')
   t.equal((await gw.api('GET', '/v1/me')).body.kind, 'account')
 })
 
