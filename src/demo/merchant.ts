@@ -17,6 +17,7 @@ import type { AddressInfo, Socket } from 'node:net'
 import { createPublicClient, createWalletClient, getAddress, http, recoverTypedDataAddress, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { viemChain } from '../chain/chain.js'
+import { TRANSFER_WITH_AUTHORIZATION_TYPES } from '../protocols/x402/payment.js'
 import { paygateUsdcAbi } from '../chain/contracts/abis.js'
 import { parseDecimal } from '../util/money.js'
 
@@ -36,17 +37,6 @@ export interface DemoMerchant {
   settlements: Hex[]
   close(): Promise<void>
 }
-
-const TRANSFER_TYPES = {
-  TransferWithAuthorization: [
-    { name: 'from', type: 'address' },
-    { name: 'to', type: 'address' },
-    { name: 'value', type: 'uint256' },
-    { name: 'validAfter', type: 'uint256' },
-    { name: 'validBefore', type: 'uint256' },
-    { name: 'nonce', type: 'bytes32' },
-  ],
-} as const
 
 interface Authorization {
   from: Hex
@@ -114,7 +104,7 @@ async function demoSettler(chain: DemoChain, units: bigint, payTo: Hex): Promise
   async function settle(a: Authorization): Promise<Hex> {
     if (getAddress(a.to) !== payTo) throw new Refusal('recipient_mismatch')
     if (a.value !== units) throw new Refusal(`amount_mismatch: ${a.value} != ${units}`)
-    const signer = await recoverTypedDataAddress({ domain, types: TRANSFER_TYPES, primaryType: 'TransferWithAuthorization', message: a, signature: a.signature }).catch(() => null)
+    const signer = await recoverTypedDataAddress({ domain, types: TRANSFER_WITH_AUTHORIZATION_TYPES, primaryType: 'TransferWithAuthorization', message: a, signature: a.signature }).catch(() => null)
     if (!signer || signer !== getAddress(a.from)) throw new Refusal('invalid_signature')
     const run = queue.then(async () => {
       const args = [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, a.signature] as const
