@@ -111,14 +111,7 @@ export function channelOf(v: unknown, smtpConfigured: boolean): Channel {
 }
 
 /** What a POST (or a PATCH merged over the stored alert) may set. */
-export interface AlertInput {
-  agentId: string
-  type: AlertType
-  threshold?: number
-  thresholdUnits?: string
-  window?: RateWindow
-  notify: Channel
-}
+export type AlertInput = Omit<Alert, 'alertId' | 'createdAt'>
 
 /** Validate an alert's fields as a whole (POST, or PATCH merged over the stored alert). */
 export function alertInput(body: Record<string, unknown>, smtpConfigured: boolean): AlertInput {
