@@ -62,29 +62,18 @@ export function sumAgent(
       series.set(at, (series.get(at) ?? 0n) + b.spend)
     }
   }
-  if (span.precision === 'minute') {
-    // Whole hours inside the span are read from the hour buckets (unless the series is per minute).
-    const firstHour = Math.ceil(span.from / HOUR_MS) * HOUR_MS
-    const endHour = Math.floor((span.last + MINUTE_MS) / HOUR_MS) * HOUR_MS
-    if ((series && span.step < HOUR_MS) || firstHour >= endHour) {
-      walk(a.minutes, span.from, span.last, MINUTE_MS, add)
-      return out
-    }
-    walk(a.minutes, span.from, firstHour - MINUTE_MS, MINUTE_MS, add)
-    walk(a.hours, firstHour, endHour - HOUR_MS, HOUR_MS, add)
-    walk(a.minutes, endHour, span.last, MINUTE_MS, add)
+  // Whole coarse buckets inside the span are read from the coarse level (hours for minute
+  // precision, UTC days for hour precision), unless the series is finer than that level.
+  const [fine, coarse, fineMs, coarseMs] = span.precision === 'minute' ? [a.minutes, a.hours, MINUTE_MS, HOUR_MS] : [a.hours, a.days, HOUR_MS, DAY_MS]
+  const first = Math.ceil(span.from / coarseMs) * coarseMs
+  const end = Math.floor((span.last + fineMs) / coarseMs) * coarseMs
+  if ((series && span.step < coarseMs) || first >= end) {
+    walk(fine, span.from, span.last, fineMs, add)
     return out
   }
-  // Whole UTC days inside the span are read from the day sums (unless the series is finer than a day).
-  const firstDay = Math.ceil(span.from / DAY_MS) * DAY_MS
-  const endDay = Math.floor((span.last + HOUR_MS) / DAY_MS) * DAY_MS
-  if ((series && span.step < DAY_MS) || firstDay >= endDay) {
-    walk(a.hours, span.from, span.last, HOUR_MS, add)
-    return out
-  }
-  walk(a.hours, span.from, firstDay - HOUR_MS, HOUR_MS, add)
-  walk(a.days, firstDay, endDay - DAY_MS, DAY_MS, add)
-  walk(a.hours, endDay, span.last, HOUR_MS, add)
+  walk(fine, span.from, first - fineMs, fineMs, add)
+  walk(coarse, first, end - coarseMs, coarseMs, add)
+  walk(fine, end, span.last, fineMs, add)
   return out
 }
 
