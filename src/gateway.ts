@@ -171,11 +171,28 @@ async function stopStarted(s: Started): Promise<void> {
   await s.store.close()
 }
 
+/**
+ * On PostgreSQL every replica must decrypt the same wallet keys and pay on the same chain: a
+ * start without the shared master key or with the embedded chain (each replica its own) is
+ * refused before anything is opened.
+ */
+export function checkSharedStore(config: Config): void {
+  if (!config.store.postgresUrl) return
+  const missing = [
+    ...(config.masterKey ? [] : ['masterKey (PAYGATE_MASTER_KEY), the same on every replica']),
+    ...(config.chain.rpcUrl ? [] : ['chain.rpcUrl (PAYGATE_CHAIN_RPC_URL) with chain.token and chain.ledger: an external chain, since an embedded one is per replica']),
+  ]
+  if (missing.length) throw new PaygateError('invalid_config', `with store.postgresUrl (state shared by replicas), set ${missing.join('; and ')}`)
+}
+
 async function openStore({ config, log }: Ctx): Promise<Store> {
+  checkSharedStore(config)
   const store = await Store.open(config.dataDir, {
+    ...(config.store.postgresUrl ? { postgresUrl: config.store.postgresUrl } : {}),
     onApplyError: (e) => (e === undefined ? log.info('LevelDB writes work again') : log.error({ err: e }, 'writing into LevelDB failed; retrying (changes are kept in the write-ahead log)')),
   })
   if (store.recovered.batches) log.info({ ...store.recovered }, 'replayed the write-ahead log of the last run into LevelDB')
+  if (store.backend === 'postgres') log.info('state in PostgreSQL (store.postgresUrl), shared with every replica that names it')
   return store
 }
 
