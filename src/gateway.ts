@@ -214,9 +214,13 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   const { store } = s
   const registry = new Registry(store, clock, config.accountKey)
   const policies = new PolicyStore(store, registry, clock)
-  const accountKey = await registry.bootstrapAccountKey(config.dataDir)
-  const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
-  const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
+  // One-time setup (first account key, master key check, chain signer) runs once across replicas.
+  const { accountKey, keystore, chain } = await store.withInitLock(async () => {
+    const accountKey = await registry.bootstrapAccountKey(config.dataDir)
+    const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+    const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
+    return { accountKey, keystore, chain }
+  })
   const walletStore = new Wallets(store, registry, keystore, clock)
   const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
   const transactions = new Transactions(store)

@@ -100,6 +100,7 @@ export class LevelStore implements Store {
   private readonly db: Level<string, unknown>
   private readonly colls = new Map<string, LevelCollection<unknown>>()
   private readonly locks = new KeyedMutex()
+  private readonly initLock = new KeyedMutex()
   private wal!: Wal
   /** batches called in this tick, logged together */
   private pending: { ops: BatchOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
@@ -175,6 +176,10 @@ export class LevelStore implements Store {
       const { ops, result } = await fn()
       return { result, written: outcome(this.batch(ops as BatchOp[])) }
     })
+  }
+
+  withInitLock<T>(fn: () => Promise<T>): Promise<T> {
+    return this.initLock.run('init', fn)
   }
 
   /**

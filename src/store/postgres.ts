@@ -202,7 +202,6 @@ export class PostgresStore implements Store {
     }
   }
 
-  /** Run `fn` once, holding the one-time-initialisation lock across every replica. */
   withInitLock<T>(fn: () => Promise<T>): Promise<T> {
     return withSessionLock(this.pool, LOCK.init, fn)
   }

@@ -62,6 +62,13 @@ export interface Store {
    * reads. `written` tells whether the batch was written.
    */
   transact<T>(key: string, fn: () => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }>
+  /**
+   * Run one-time setup (the first account key, the master key check, the chain signer)
+   * holding the initialisation lock: on PostgreSQL a session advisory lock every replica
+   * takes, so replicas starting together set up once and the later ones find it done; on
+   * LevelDB one process owns the data directory, so a lock in this process.
+   */
+  withInitLock<T>(fn: () => Promise<T>): Promise<T>
   /** Apply puts and deletes across collections atomically, in the order `batch` was called. */
   batch(ops: BatchOp[]): Promise<void>
   close(): Promise<void>

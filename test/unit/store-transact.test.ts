@@ -1,4 +1,5 @@
 import t from 'tap'
+import { Store } from '../../src/store/index.js'
 import { STORE_BACKENDS, testStore } from '../helpers/gateway.js'
 
 for (const backend of STORE_BACKENDS) {
@@ -70,6 +71,38 @@ for (const backend of STORE_BACKENDS) {
       release()
       t.ok((await (await slow).written).ok)
       t.equal(await c.get('a'), 1)
+    })
+
+    t.test('withInitLock: one holder at a time, across stores on one database; one-time setup runs once', async (t) => {
+      const { store, url } = await testStore(t, undefined, backend)
+      // On PostgreSQL a second store on the same database stands for another replica.
+      const other = url ? await Store.open('/nonexistent-unused', { postgresUrl: url }) : store
+      if (other !== store) t.teardown(() => other.close())
+      let inside = 0
+      let most = 0
+      let made = 0
+      const setup = (s: Store): Promise<string> =>
+        s.withInitLock(async () => {
+          most = Math.max(most, ++inside)
+          const meta = s.collection<string>('meta')
+          let id = await meta.get('id')
+          await new Promise((r) => setTimeout(r, 5)) // another holder would come in here without the lock
+          if (id === undefined) {
+            id = `made-${++made}`
+            await meta.put('id', id)
+          }
+          inside--
+          return id
+        })
+      const ids = await Promise.all(Array.from({ length: 6 }, (_, i) => setup(i % 2 ? other : store)))
+      t.equal(most, 1, 'never two holders at once')
+      t.equal(made, 1, 'set up once')
+      t.same(new Set(ids), new Set(['made-1']), 'every caller found the one setup')
+      await t.rejects(
+        store.withInitLock(async () => Promise.reject(new Error('setup failed'))),
+        /setup failed/,
+      )
+      t.equal(await other.withInitLock(async () => 'free again'), 'free again', 'a failed holder frees the lock')
     })
   })
 }
