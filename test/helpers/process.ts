@@ -79,7 +79,7 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
 }
 
 /** Run the CLI to completion and collect its output. */
-export function runCli(env: Record<string, string>, args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+export function runCli(env: Record<string, string>, args: string[], timeoutMs = 20_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
     const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
       cwd: ROOT,
@@ -90,7 +90,7 @@ export function runCli(env: Record<string, string>, args: string[]): Promise<{ c
     let stderr = ''
     proc.stdout.on('data', (d) => (stdout += d))
     proc.stderr.on('data', (d) => (stderr += d))
-    const timer = setTimeout(() => proc.kill('SIGKILL'), 20_000)
+    const timer = setTimeout(() => proc.kill('SIGKILL'), timeoutMs)
     proc.on('exit', (code) => {
       clearTimeout(timer)
       resolve({ code, stdout, stderr })

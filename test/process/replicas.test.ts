@@ -2,10 +2,14 @@ import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import t from 'tap'
 import pg from 'pg'
+import { createPublicClient, createWalletClient, http, type Address } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
+import { viemChain } from '../../src/chain/chain.js'
+import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { SCHEMA_VERSION } from '../../src/store/postgres-schema.js'
 import { startAnvil } from '../helpers/anvil.js'
 import { testDir } from '../helpers/gateway.js'
+import { startV2Merchant } from '../helpers/merchants.js'
 import { testDatabase } from '../helpers/postgres.js'
 import { call, runCli, spawnGateway } from '../helpers/process.js'
 
@@ -22,14 +26,14 @@ t.test('two gateway processes on one PostgreSQL database and one external chain'
   const signerKey = generatePrivateKey()
   await anvil.request('anvil_setBalance', [privateKeyToAccount(signerKey).address, '0x56bc75e2d63100000'])
   const chain = { PAYGATE_CHAIN_RPC_URL: anvil.url, PAYGATE_CHAIN_CHAIN_ID: String(CHAIN_ID), PAYGATE_CHAIN_SIGNER_KEY: signerKey }
-  const dep = await runCli({ PAYGATE_DATA_DIR: testDir(t), ...chain }, ['deploy-ledger', '--with-token'])
+  const dep = await runCli({ PAYGATE_DATA_DIR: testDir(t), ...chain }, ['deploy-ledger', '--with-token'], 90_000)
   t.equal(dep.code, 0, dep.stderr)
   const addrs = JSON.parse(dep.stdout) as { token: string; ledger: string }
 
   const url = await testDatabase()
   const shared = { ...chain, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_STORE_POSTGRES_URL: url }
 
-  const noKey = await runCli({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_API_PORT: '0', ...shared }, [])
+  const noKey = await runCli({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_API_PORT: '0', ...shared }, [], 90_000)
   t.equal(noKey.code, 2, 'a start without the master key is refused')
   t.match(noKey.stderr, /with store\.postgresUrl .* set masterKey \(PAYGATE_MASTER_KEY\), the same on every replica/)
   t.notOk(noKey.stderr.includes(url), 'the database URL is not shown')
@@ -70,12 +74,41 @@ t.test('two gateway processes on one PostgreSQL database and one external chain'
     t.equal(onA.status, 401, 'refused on A at once', { todo: onA.status === 401 ? false : 'caches are not yet invalidated across replicas (docs/replicas.md)' })
   })
 
+  t.test('300 concurrent payments across both replicas against a daily budget that allows exactly 10', async (t) => {
+    const PRICE = 1000n // 0.001 USDC
+    const CALLS = 300
+    const facilitatorKey = generatePrivateKey()
+    await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+    const payTo = privateKeyToAccount(generatePrivateKey()).address
+    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token as Address }, facilitatorKey, payTo, price: PRICE })
+    t.teardown(() => m.close())
+    t.equal((await call(a!.url, 'POST', '/v1/agents', acct, { agentId: 'budget' })).status, 201)
+    const w = (await call(b!.url, 'POST', '/v1/wallets', acct, { agentId: 'budget' })).body
+    const evm = viemChain(CHAIN_ID, 'ext', anvil.url)
+    const minter = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(signerKey) })
+    const pub = createPublicClient({ chain: evm, transport: http(anvil.url) })
+    await pub.waitForTransactionReceipt({ hash: await minter.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'mint', args: [w.address, 1_000_000n] }) })
+    t.equal((await call(a!.url, 'PUT', '/v1/policies/budget', acct, { dailyBudget: { usdc: 0.01 } })).status, 200, 'budget set through A')
+
+    const results = await Promise.all(Array.from({ length: CALLS }, (_, i) => call((i % 2 ? b! : a!).url, 'POST', '/v1/pay', acct, { agentId: 'budget', endpoint: `${m.url}/paid` })))
+    const by = (status: number): number => results.filter((r) => r.status === status).length
+    const byBudget = (r: (typeof results)[number]): boolean => r.status === 402 && r.body?.error === 'policy_violation' && r.body?.reason === 'daily_budget_exceeded'
+    t.equal(by(200), 10, 'exactly 10 paid')
+    t.equal(results.filter(byBudget).length, CALLS - 10, 'the rest refused by the budget')
+    t.same([...new Set(results.filter((r) => r.status !== 200 && !byBudget(r)).map((r) => r.text))], [], 'no other outcome')
+    t.equal(m.stats.settleCalls, 10, 'the merchant settled 10')
+    const received = await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
+    t.equal(received, 10n * PRICE, 'exactly 10 payments on chain')
+    const policy = (await call(b!.url, 'GET', '/v1/policies/budget', acct)).body
+    t.equal(policy.dailyBudget.usedToday, 0.01, 'the shared usage shows the whole budget used')
+  })
+
   t.test('a replica that finds a newer schema refuses to start, saying so', async (t) => {
     const c = new pg.Client({ connectionString: url })
     await c.connect()
     t.teardown(() => c.end())
     await c.query("INSERT INTO paygate_migrations (version, name) VALUES ($1, 'from a newer paygate')", [SCHEMA_VERSION + 1])
-    const late = await runCli({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_API_PORT: '0', PAYGATE_MASTER_KEY: MASTER_KEY, ...shared }, [])
+    const late = await runCli({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_API_PORT: '0', PAYGATE_MASTER_KEY: MASTER_KEY, ...shared }, [], 90_000)
     await c.query('DELETE FROM paygate_migrations WHERE version = $1', [SCHEMA_VERSION + 1])
     t.not(late.code, 0)
     t.match(late.stderr, new RegExp(`cannot start: .*schema is at version ${SCHEMA_VERSION + 1}, newer than this Paygate knows \\(${SCHEMA_VERSION}\\).*refusing to start`))
