@@ -90,7 +90,7 @@ export class PaymentEngine {
     this.aheadSigner = new AheadSigner({ policies: d.policies, wallets: d.wallets, clock: d.clock, busy: () => this.leases.size > 0 })
     this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed') })
     this.recorder = new Recorder({ store: d.store, policies: d.policies, transactions: d.transactions, outbox: d.outbox, events: d.events, hooks: d.hooks, clock: d.clock, balances: this.balances })
-    this.reserveDeps = { policies: d.policies, balances: this.balances, recorder: this.recorder, aheadSigner: this.aheadSigner, leases: this.leases }
+    this.reserveDeps = { policies: d.policies, balances: this.balances, recorder: this.recorder, aheadSigner: this.aheadSigner, leases: this.leases, clock: d.clock }
     this.deliverDeps = { chain: d.chain, outbox: d.outbox, recorder: this.recorder, leases: this.leases, events: d.events, clock: d.clock, bodyTimeoutMs: d.upstream.timeoutMs }
   }
 

@@ -9,6 +9,7 @@ import type { Result } from '../util/result.js'
 import type { PayRequest, Plan, SigningWallet } from './adapters/types.js'
 import type { Balances } from './balances.js'
 import type { Leases } from './leases.js'
+import type { Clock } from '../util/clock.js'
 import type { Recorder } from './record.js'
 import type { AheadSigner } from './sign-ahead.js'
 
@@ -18,6 +19,7 @@ export interface ReserveDeps {
   recorder: Recorder
   aheadSigner: AheadSigner
   leases: Leases
+  clock: Clock
 }
 
 type Prepared = { unsigned: StoredAuthorization; sign(): StoredAuthorization }
@@ -41,7 +43,9 @@ export async function reserve(d: ReserveDeps, req: PayRequest, plan: Plan, base:
   const now = base.createdAt
   const { result, written } = await d.recorder.usage<Reservation>(agentId, async (usage) => {
     const policy = await d.policies.policyOf(agentId)
-    const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, now)
+    // Decided as of now, in the lock: a rate window must count the payments committed while
+    // this one waited for it (long waits when another replica holds it), stamped after `now`.
+    const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount }, Math.max(now, d.clock.now()))
     if (!decision.ok) {
       const rejected: TxRecord = { ...base, status: 'rejected', reason: decision.reason, detail: decision.detail }
       return { ops: d.recorder.ops({ kind: 'rejected', record: rejected }), result: { kind: 'rejected', reason: decision.reason, detail: decision.detail } }

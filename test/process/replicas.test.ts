@@ -1,6 +1,6 @@
 import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import pg from 'pg'
 import { createPublicClient, createWalletClient, http, type Address } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
@@ -12,6 +12,9 @@ import { testDir } from '../helpers/gateway.js'
 import { startV2Merchant } from '../helpers/merchants.js'
 import { testDatabase } from '../helpers/postgres.js'
 import { call, runCli, spawnGateway } from '../helpers/process.js'
+
+// Two gateways, a chain and 300 payments on a 2-core machine shared with other tests: well past the default 240 s when busy.
+t.setTimeout(600_000)
 
 const CHAIN_ID = 31338
 const MASTER_KEY = 'cd'.repeat(32)
@@ -74,33 +77,47 @@ t.test('two gateway processes on one PostgreSQL database and one external chain'
     t.equal(onA.status, 401, 'refused on A at once', { todo: onA.status === 401 ? false : 'caches are not yet invalidated across replicas (docs/replicas.md)' })
   })
 
-  t.test('300 concurrent payments across both replicas against a daily budget that allows exactly 10', async (t) => {
-    const PRICE = 1000n // 0.001 USDC
-    const CALLS = 300
+  const PRICE = 1000n // 0.001 USDC
+  const CALLS = 300
+  const evm = viemChain(CHAIN_ID, 'ext', anvil.url)
+  const pub = createPublicClient({ chain: evm, transport: http(anvil.url) })
+  const minter = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(signerKey) })
+
+  /**
+   * CALLS concurrent payments for a new agent with `policy`, alternating between the two
+   * replicas, to a new merchant (its own payee): exactly `allowed` pay, settle and land on
+   * chain; every other call is refused for `reason`.
+   */
+  async function concurrentPayments(t: Test, agentId: string, policy: Record<string, unknown>, reason: string, allowed: number) {
     const facilitatorKey = generatePrivateKey()
     await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
     const payTo = privateKeyToAccount(generatePrivateKey()).address
     const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token as Address }, facilitatorKey, payTo, price: PRICE })
     t.teardown(() => m.close())
-    t.equal((await call(a!.url, 'POST', '/v1/agents', acct, { agentId: 'budget' })).status, 201)
-    const w = (await call(b!.url, 'POST', '/v1/wallets', acct, { agentId: 'budget' })).body
-    const evm = viemChain(CHAIN_ID, 'ext', anvil.url)
-    const minter = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(signerKey) })
-    const pub = createPublicClient({ chain: evm, transport: http(anvil.url) })
+    t.equal((await call(a!.url, 'POST', '/v1/agents', acct, { agentId })).status, 201)
+    const w = (await call(b!.url, 'POST', '/v1/wallets', acct, { agentId })).body
     await pub.waitForTransactionReceipt({ hash: await minter.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'mint', args: [w.address, 1_000_000n] }) })
-    t.equal((await call(a!.url, 'PUT', '/v1/policies/budget', acct, { dailyBudget: { usdc: 0.01 } })).status, 200, 'budget set through A')
+    t.equal((await call(a!.url, 'PUT', `/v1/policies/${agentId}`, acct, policy)).status, 200, 'policy set through A')
 
-    const results = await Promise.all(Array.from({ length: CALLS }, (_, i) => call((i % 2 ? b! : a!).url, 'POST', '/v1/pay', acct, { agentId: 'budget', endpoint: `${m.url}/paid` })))
-    const by = (status: number): number => results.filter((r) => r.status === status).length
-    const byBudget = (r: (typeof results)[number]): boolean => r.status === 402 && r.body?.error === 'policy_violation' && r.body?.reason === 'daily_budget_exceeded'
-    t.equal(by(200), 10, 'exactly 10 paid')
-    t.equal(results.filter(byBudget).length, CALLS - 10, 'the rest refused by the budget')
-    t.same([...new Set(results.filter((r) => r.status !== 200 && !byBudget(r)).map((r) => r.text))], [], 'no other outcome')
-    t.equal(m.stats.settleCalls, 10, 'the merchant settled 10')
+    const results = await Promise.all(Array.from({ length: CALLS }, (_, i) => call((i % 2 ? b! : a!).url, 'POST', '/v1/pay', acct, { agentId, endpoint: `${m.url}/paid` })))
+    const refused = (r: (typeof results)[number]): boolean => r.status === 402 && r.body?.error === 'policy_violation' && r.body?.reason === reason
+    t.equal(results.filter((r) => r.status === 200).length, allowed, `exactly ${allowed} paid`)
+    t.equal(results.filter(refused).length, CALLS - allowed, `the other ${CALLS - allowed} refused: ${reason}`)
+    t.same([...new Set(results.filter((r) => r.status !== 200 && !refused(r)).map((r) => r.text))], [], 'no other outcome')
+    t.equal(m.stats.settleCalls, allowed, `the merchant settled ${allowed}`)
     const received = await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
-    t.equal(received, 10n * PRICE, 'exactly 10 payments on chain')
-    const policy = (await call(b!.url, 'GET', '/v1/policies/budget', acct)).body
+    t.equal(received, BigInt(allowed) * PRICE, `exactly ${allowed} payments on chain`)
+    return (await call(b!.url, 'GET', `/v1/policies/${agentId}`, acct)).body
+  }
+
+  t.test(`${CALLS} concurrent payments across both replicas against a daily budget that allows exactly 10`, async (t) => {
+    const policy = await concurrentPayments(t, 'budget', { dailyBudget: { usdc: 0.01 } }, 'daily_budget_exceeded', 10)
     t.equal(policy.dailyBudget.usedToday, 0.01, 'the shared usage shows the whole budget used')
+  })
+
+  t.test(`${CALLS} concurrent payments across both replicas against a rate limit of 7 an hour`, async (t) => {
+    const policy = await concurrentPayments(t, 'rate', { rateLimit: { calls: 7, window: '1h' } }, 'rate_limit_exceeded', 7)
+    t.equal(policy.rateLimit.usedThisHour, 7, 'the shared rate window counts them all')
   })
 
   t.test('a replica that finds a newer schema refuses to start, saying so', async (t) => {
