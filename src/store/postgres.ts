@@ -211,7 +211,9 @@ export class PostgresStore implements Store {
     // Same-key callers in this process queue here rather than each holding a connection.
     return this.locks.run(key, async () => {
       const c = await this.lockPool.connect()
+      // A connection that failed is closed on release; one whose `fn` failed is rolled back and reused.
       let broken: Error | undefined
+      let fnFailed = false
       try {
         await c.query('BEGIN')
         await c.query({ name: 'paygate_lock', text: 'SELECT pg_advisory_xact_lock($1::bigint)', values: [lockId(key)] })
@@ -219,6 +221,7 @@ export class PostgresStore implements Store {
         try {
           out = await fn()
         } catch (e) {
+          fnFailed = true
           await c.query('ROLLBACK').catch((err: Error) => (broken = err))
           throw e
         }
@@ -232,7 +235,7 @@ export class PostgresStore implements Store {
         if (!written.ok) await c.query('ROLLBACK').catch((err: Error) => (broken = err))
         return { result: out.result, written: Promise.resolve(written) }
       } catch (e) {
-        broken ??= e as Error
+        if (!fnFailed) broken ??= e as Error
         throw e
       } finally {
         c.release(broken)
