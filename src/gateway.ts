@@ -155,11 +155,28 @@ async function stopStarted(s: Started): Promise<void> {
   await s.store.close()
 }
 
+/**
+ * On PostgreSQL every replica must decrypt the same wallet keys and pay on the same chain: a
+ * start without the shared master key or with the embedded chain (each replica its own) is
+ * refused before anything is opened.
+ */
+export function checkSharedStore(config: Config): void {
+  if (!config.store.postgresUrl) return
+  const missing = [
+    ...(config.masterKey ? [] : ['masterKey (PAYGATE_MASTER_KEY), the same on every replica']),
+    ...(config.chain.rpcUrl ? [] : ['chain.rpcUrl (PAYGATE_CHAIN_RPC_URL) with chain.token and chain.ledger: an external chain, since an embedded one is per replica']),
+  ]
+  if (missing.length) throw new PaygateError('invalid_config', `with store.postgresUrl (state shared by replicas), set ${missing.join('; and ')}`)
+}
+
 async function openStore({ config, log }: Ctx): Promise<Store> {
+  checkSharedStore(config)
   const store = await Store.open(config.dataDir, {
+    ...(config.store.postgresUrl ? { postgresUrl: config.store.postgresUrl } : {}),
     onApplyError: (e) => (e === undefined ? log.info('LevelDB writes work again') : log.error({ err: e }, 'writing into LevelDB failed; retrying (changes are kept in the write-ahead log)')),
   })
   if (store.recovered.batches) log.info({ ...store.recovered }, 'replayed the write-ahead log of the last run into LevelDB')
+  if (store.backend === 'postgres') log.info('state in PostgreSQL (store.postgresUrl), shared with every replica that names it')
   return store
 }
 
@@ -181,8 +198,12 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   const { store } = s
   const registry = new Registry(store, clock, config.accountKey)
   const policies = new PolicyStore(store, registry, clock)
-  const { keystore, commit: commitKeys } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
-  const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
+  // One-time setup (master key check, chain signer) runs once across replicas; the account key after the listeners.
+  const { keystore, commitKeys, chain } = await store.withInitLock(async () => {
+    const { keystore, commit: commitKeys } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
+    const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
+    return { keystore, commitKeys, chain }
+  })
   const walletStore = new Wallets(store, registry, keystore, clock)
   const wallets = new WalletService(walletStore, chain, faucetAmounts(config.faucet), log)
   const transactions = new Transactions(store)
@@ -341,7 +362,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     // Key files only once nothing else can fail: a failed start leaves none that would change
     // the next (which then makes and shows the account key as a first start does).
     ledger.commitKeys()
-    const accountKey = await ledger.registry.bootstrapAccountKey(config.dataDir)
+    const accountKey = await s.store.withInitLock(() => ledger.registry.bootstrapAccountKey(config.dataDir))
 
     const { registry, policies, chain, wallets, transactions, outbox } = ledger
     const { engine, events, hooks, reconciler } = paying

@@ -33,6 +33,16 @@ export function decodeMasterKey(v: string): Buffer | null {
   return null
 }
 
+/** A PostgreSQL connection URL (credentials and options as the driver reads them). */
+function postgresUrl(v: string): boolean {
+  try {
+    const u = new URL(v)
+    return (u.protocol === 'postgres:' || u.protocol === 'postgresql:') && u.hostname !== ''
+  } catch {
+    return false
+  }
+}
+
 /** Order of the secp256k1 group: a private key is an integer from 1 to n-1. */
 const SECP256K1_N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n
 
@@ -65,6 +75,13 @@ export const KEYS: readonly KeySpec[] = [
     optional: true,
     check: (v) => (decodeMasterKey(v) ? null : '32 bytes as 64 hex characters or base64'),
     doc: 'Master key that encrypts wallet keys at rest (32 bytes, hex or base64). Unset: a key file is created with mode 0600 in the data directory.',
+  },
+  {
+    path: 'store.postgresUrl',
+    kind: 'secret',
+    optional: true,
+    check: (v) => (postgresUrl(v) ? null : 'a postgres:// or postgresql:// URL'),
+    doc: 'PostgreSQL connection URL: all durable state goes there instead of LevelDB, shared by every replica that names it (docs/replicas.md). Unset: LevelDB under `dataDir`. A secret: it may carry a password.',
   },
   { path: 'api.host', kind: 'host', doc: 'Address the API port binds to (`0.0.0.0` inside containers).' },
   { path: 'api.port', kind: 'port', doc: 'API port (REST `/v1`, health). 0 picks a free port; the chosen one is printed.' },

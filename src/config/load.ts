@@ -10,6 +10,7 @@ export interface Config {
   certsDir: string
   accountKey: string | null
   masterKey: string | null
+  store: { postgresUrl: string | null }
   api: {
     host: string
     port: number

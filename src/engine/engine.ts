@@ -99,6 +99,7 @@ export class PaymentEngine {
       recorder: this.recorder,
       aheadSigner: this.aheadSigner,
       leases: this.leases,
+      clock: d.clock,
       ...(d.invocations ? { invocations: d.invocations } : {}),
     }
     this.deliverDeps = { chain: d.chain, outbox: d.outbox, recorder: this.recorder, leases: this.leases, events: d.events, clock: d.clock, bodyTimeoutMs: d.upstream.timeoutMs }

@@ -126,6 +126,11 @@ export class Recorder {
       const committed = commit(usage, rec.id, now, policy.rateLimit?.calls ?? 0)
       after = usedToday(committed, now)
       const usageOp = this.d.policies.usageOp(rec.agentId, committed)
+      // On a store shared by replicas the usage is written in the lock's own transaction: the
+      // outbox's batch lands after the lock is free, when another replica may already have
+      // written a newer usage (a new hold) that it would overwrite. (LevelDB: `latest` writes
+      // the newest cached usage whenever the batch lands.)
+      const shared = this.d.store.backend === 'postgres'
       // The outbox numbers the ledger record and writes it with these operations, in order;
       // awaited outside the agent's lock, so its next payment can be decided meanwhile.
       const pending = this.d.outbox.record(entry ?? ledgerEntryOf(rec, plan.protocol), rec.id, (hash) => {
@@ -140,9 +145,9 @@ export class Recorder {
             : {}),
           ledger: { status: 'queued' },
         }
-        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed }, [usageOp])
+        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed }, shared ? [] : [usageOp])
       })
-      return { ops: [], result: outcome(pending) }
+      return { ops: shared ? [usageOp] : [], result: outcome(pending) }
     })
     const recorded = await recording
     if (!recorded.ok) {

@@ -11,6 +11,7 @@ import type { Result } from '../util/result.js'
 import type { PayRequest, Plan, SigningWallet } from './adapters/types.js'
 import type { Balances } from './balances.js'
 import type { Leases } from './leases.js'
+import type { Clock } from '../util/clock.js'
 import type { Recorder } from './record.js'
 import type { AheadSigner } from './sign-ahead.js'
 
@@ -21,6 +22,7 @@ export interface ReserveDeps {
   aheadSigner: AheadSigner
   leases: Leases
   invocations?: InvocationBook
+  clock: Clock
 }
 
 type Prepared = { unsigned: StoredAuthorization; sign(): StoredAuthorization }
@@ -58,7 +60,9 @@ export async function reserve(
   const { result, written } = await d.recorder.usage<Reservation>(agentId, async (usage) => {
     const policy = await d.policies.policyOf(agentId)
     const covered = capId ? coveredByCap(usage, capId, plan.amount) : 0n
-    const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount, covered }, now)
+    // Decided as of now, in the lock: a rate window must count the payments committed while
+    // this one waited for it (long waits when another replica holds it), stamped after `now`.
+    const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount, covered }, Math.max(now, d.clock.now()))
     if (!decision.ok) return refuse(decision.reason, decision.detail)
     // Then the innermost invocation's cap (checked again, and taken, once funds are known).
     const fit = inv && d.invocations ? d.invocations.fits(inv.id, plan.amount) : { ok: true as const }

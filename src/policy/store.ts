@@ -12,12 +12,19 @@ export class PolicyStore {
   /** Write-through caches: this process is the only writer of its data directory. */
   private readonly policyCache = new Map<string, StoredPolicy>()
   private readonly usageCache = new Map<string, UsageState>()
+  /**
+   * On a store shared by replicas (PostgreSQL) another process may write any agent's policy
+   * and usage: nothing is cached, so the locked section reads usage under the cross-process
+   * lock and a policy changed through any replica applies at once.
+   */
+  private readonly cached: boolean
 
   constructor(
     private readonly store: Store,
     private readonly registry: Registry,
     private readonly clock: Clock,
   ) {
+    this.cached = store.backend !== 'postgres'
     this.policies = store.collection('policies')
     this.usage = store.collection('usage')
     registry.onAgentDelete(
@@ -40,6 +47,7 @@ export class PolicyStore {
   }
 
   async policyOf(agentId: string): Promise<StoredPolicy> {
+    if (!this.cached) return (await this.policies.get(agentId)) ?? defaultPolicy()
     const hit = this.policyCache.get(agentId)
     if (hit) return hit
     const revision = this.registry.revision
@@ -50,6 +58,7 @@ export class PolicyStore {
   }
 
   async usageOf(agentId: string): Promise<UsageState> {
+    if (!this.cached) return (await this.usage.get(agentId)) ?? emptyUsage()
     const hit = this.usageCache.get(agentId)
     if (hit) return hit
     const revision = this.registry.revision
@@ -67,6 +76,7 @@ export class PolicyStore {
    * batch fails.
    */
   usageOp(agentId: string, u: UsageState): BatchOp {
+    if (!this.cached) return { type: 'put', coll: this.usage, key: agentId, value: u }
     this.usageCache.set(agentId, u)
     return { type: 'put', coll: this.usage, key: agentId, value: u, latest: () => this.usageCache.get(agentId) ?? u }
   }
@@ -92,7 +102,7 @@ export class PolicyStore {
         const next = mergePolicy(await this.policyOf(agentId), body, agentId)
         next.updatedAt = new Date(this.clock.now()).toISOString()
         await this.store.batch([...createAgent, { type: 'put', coll: this.policies, key: agentId, value: next }])
-        this.policyCache.set(agentId, next)
+        if (this.cached) this.policyCache.set(agentId, next)
         return policyView(agentId, next, await this.usageOf(agentId), this.clock.now())
       },
       { create: opts.createAgent === true },

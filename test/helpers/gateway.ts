@@ -13,6 +13,7 @@ import { createLogger } from '../../src/log/index.js'
 import { Store } from '../../src/store/index.js'
 import type { Clock } from '../../src/util/clock.js'
 import type { MerchantOptions } from './merchants.js'
+import { testDatabase } from './postgres.js'
 
 export interface ApiResult {
   status: number
@@ -49,15 +50,24 @@ export const tempDir = (prefix = 'paygate-test-'): string => {
   return d
 }
 
-/** A Store (LevelDB and its log) in a fresh temp dir, closed and the dir removed when test `t` ends. */
-export async function testStore(t: Test, prefix?: string): Promise<{ store: Store; dir: string }> {
+/** The store backends that store tests run against (same assertions on each). */
+export const STORE_BACKENDS = ['level', 'postgres'] as const
+export type StoreBackend = (typeof STORE_BACKENDS)[number]
+
+/**
+ * A Store in a fresh temp dir (LevelDB and its log), or on `postgres` in a fresh database of
+ * this test process's throwaway cluster (`helpers/postgres.ts`); closed, and the dir removed,
+ * when test `t` ends. `url`: the database's, to open it again.
+ */
+export async function testStore(t: Test, prefix?: string, backend: StoreBackend = 'level'): Promise<{ store: Store; dir: string; url?: string }> {
   const dir = tempDir(prefix)
-  const store = await Store.open(dir)
+  const url = backend === 'postgres' ? await testDatabase() : undefined
+  const store = await Store.open(dir, url ? { postgresUrl: url } : {})
   t.teardown(async () => {
     await store.close()
     rmSync(dir, { recursive: true, force: true })
   })
-  return { store, dir }
+  return { store, dir, ...(url ? { url } : {}) }
 }
 
 /** A temp dir removed when test `t` ends (and, as every temp dir, at exit at the latest). */

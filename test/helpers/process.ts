@@ -17,8 +17,8 @@ export interface GatewayProcess {
   stop(signal?: NodeJS.Signals): Promise<number | string>
 }
 
-/** Run `paygate start` as a real child process and wait until it prints its API address. */
-export async function spawnGateway(env: Record<string, string>, args: string[] = [], nodeArgs: string[] = [], keepStdout = true): Promise<GatewayProcess> {
+/** Run `paygate start` as a real child process and wait until it prints its API address (within `startMs`). */
+export async function spawnGateway(env: Record<string, string>, args: string[] = [], nodeArgs: string[] = [], keepStdout = true, startMs = 20_000): Promise<GatewayProcess> {
   const proc = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', 'src/main.ts', ...args], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? '', PAYGATE_API_PORT: '0', PAYGATE_PROXY_PORT: '0', PAYGATE_CHAIN_RPC_PORT: '0', ...certsIn(env), ...env },
@@ -58,8 +58,8 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
       if (started) return
       // Never leave a gateway behind that did not come up (e.g. its start line was filtered by the log level).
       proc.kill('SIGKILL')
-      reject(new Error('gateway did not start within 20 s'))
-    }, 20_000).unref()
+      reject(new Error(`gateway did not start within ${startMs / 1000} s`))
+    }, startMs).unref()
   })
   return {
     proc,
@@ -79,7 +79,7 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
 }
 
 /** Run the CLI to completion and collect its output. */
-export function runCli(env: Record<string, string>, args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+export function runCli(env: Record<string, string>, args: string[], timeoutMs = 20_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
     const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], {
       cwd: ROOT,
@@ -90,7 +90,7 @@ export function runCli(env: Record<string, string>, args: string[]): Promise<{ c
     let stderr = ''
     proc.stdout.on('data', (d) => (stdout += d))
     proc.stderr.on('data', (d) => (stderr += d))
-    const timer = setTimeout(() => proc.kill('SIGKILL'), 20_000)
+    const timer = setTimeout(() => proc.kill('SIGKILL'), timeoutMs)
     proc.on('exit', (code) => {
       clearTimeout(timer)
       resolve({ code, stdout, stderr })

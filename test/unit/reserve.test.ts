@@ -34,7 +34,14 @@ hooks.add((c) => {
 let onChain = 1_000_000n
 const balances = new Balances(async () => onChain, systemClock)
 const recorder = new Recorder({ store, policies, transactions, outbox: null as never, events: new EventBus(), hooks, clock: systemClock, balances })
-const deps: ReserveDeps = { policies, balances, recorder, aheadSigner: new AheadSigner({ policies, wallets: null as never, clock: systemClock, busy: () => true }), leases: new Leases() }
+const deps: ReserveDeps = {
+  policies,
+  balances,
+  recorder,
+  aheadSigner: new AheadSigner({ policies, wallets: null as never, clock: systemClock, busy: () => true }),
+  leases: new Leases(),
+  clock: systemClock,
+}
 
 let wallets = 0
 /** A wallet of its own per test: Balances caches a reading per address. */

@@ -1,40 +1,108 @@
 import t from 'tap'
-import { testStore } from '../helpers/gateway.js'
+import { Store } from '../../src/store/index.js'
+import { STORE_BACKENDS, testStore } from '../helpers/gateway.js'
 
-t.test('transact: read-modify-writes of one key never interleave, and land in order', async (t) => {
-  const { store } = await testStore(t)
-  const counters = store.collection<number>('counters')
-  const seen: number[] = []
-  const runs = Array.from({ length: 50 }, async () => {
-    const { result, written } = await store.transact('c', async () => {
-      const n = (await counters.get('c')) ?? 0
-      await new Promise((r) => setImmediate(r)) // another transact would interleave here without the lock
-      return { ops: [{ type: 'put' as const, coll: counters, key: 'c', value: n + 1 }], result: n + 1 }
+for (const backend of STORE_BACKENDS) {
+  t.test(backend, async (t) => {
+    t.test('transact: read-modify-writes of one key never interleave, and land in order', async (t) => {
+      const { store } = await testStore(t, undefined, backend)
+      const counters = store.collection<number>('counters')
+      const seen: number[] = []
+      const runs = Array.from({ length: 50 }, async () => {
+        const { result, written } = await store.transact('c', async () => {
+          const n = (await counters.get('c')) ?? 0
+          await new Promise((r) => setImmediate(r)) // another transact would interleave here without the lock
+          return { ops: [{ type: 'put' as const, coll: counters, key: 'c', value: n + 1 }], result: n + 1 }
+        })
+        seen.push(result)
+        return written
+      })
+      const written = await Promise.all(runs)
+      t.ok(
+        written.every((w) => w.ok),
+        'every batch written',
+      )
+      t.equal(await counters.get('c'), 50, 'no lost update')
+      t.same(
+        [...seen].sort((a, b) => a - b),
+        Array.from({ length: 50 }, (_, i) => i + 1),
+        'each saw the one before it',
+      )
     })
-    seen.push(result)
-    return written
-  })
-  const written = await Promise.all(runs)
-  t.ok(
-    written.every((w) => w.ok),
-    'every batch written',
-  )
-  t.equal(await counters.get('c'), 50, 'no lost update')
-  t.same(
-    [...seen].sort((a, b) => a - b),
-    Array.from({ length: 50 }, (_, i) => i + 1),
-    'each saw the one before it',
-  )
-})
 
-t.test('transact: a failing function writes nothing and frees the key', async (t) => {
-  const { store } = await testStore(t)
-  const c = store.collection<number>('counters')
-  await t.rejects(
-    store.transact('k', async () => Promise.reject(new Error('no'))),
-    /no/,
-  )
-  const { written } = await store.transact('k', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'k', value: 1 }], result: null }))
-  t.ok((await written).ok)
-  t.equal(await c.get('k'), 1)
-})
+    t.test('transact: a failing function writes nothing and frees the key', async (t) => {
+      const { store } = await testStore(t, undefined, backend)
+      const c = store.collection<number>('counters')
+      await t.rejects(
+        store.transact('k', async () => Promise.reject(new Error('no'))),
+        /no/,
+      )
+      const { written } = await store.transact('k', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'k', value: 1 }], result: null }))
+      t.ok((await written).ok)
+      t.equal(await c.get('k'), 1)
+    })
+
+    t.test('transact: a batch that cannot be written is reported in `written`, the result still returned, the key freed', async (t) => {
+      const { store } = await testStore(t, undefined, backend)
+      const c = store.collection<unknown>('counters')
+      const { result, written } = await store.transact('k', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'k', value: 1n }], result: 'decided' }))
+      t.equal(result, 'decided')
+      t.notOk((await written).ok)
+      t.equal(await c.get('k'), undefined, 'nothing written')
+      const again = await store.transact('k', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'k', value: 2 }], result: null }))
+      t.ok((await again.written).ok)
+      t.equal(await c.get('k'), 2)
+    })
+
+    t.test('transact: different keys do not wait for each other', async (t) => {
+      const { store } = await testStore(t, undefined, backend)
+      const c = store.collection<number>('counters')
+      let release!: () => void
+      const gate = new Promise<void>((r) => (release = r))
+      const slow = store.transact('a', async () => {
+        await gate
+        return { ops: [{ type: 'put' as const, coll: c, key: 'a', value: 1 }], result: null }
+      })
+      // 'b' commits while 'a' still holds its lock; 'a' is let go only after.
+      const fast = await store.transact('b', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'b', value: 2 }], result: null }))
+      t.ok((await fast.written).ok)
+      t.equal(await c.get('b'), 2)
+      t.equal(await c.get('a'), undefined, "'a' still open")
+      release()
+      t.ok((await (await slow).written).ok)
+      t.equal(await c.get('a'), 1)
+    })
+
+    t.test('withInitLock: one holder at a time, across stores on one database; one-time setup runs once', async (t) => {
+      const { store, url } = await testStore(t, undefined, backend)
+      // On PostgreSQL a second store on the same database stands for another replica.
+      const other = url ? await Store.open('/nonexistent-unused', { postgresUrl: url }) : store
+      if (other !== store) t.teardown(() => other.close())
+      let inside = 0
+      let most = 0
+      let made = 0
+      const setup = (s: Store): Promise<string> =>
+        s.withInitLock(async () => {
+          most = Math.max(most, ++inside)
+          const meta = s.collection<string>('meta')
+          let id = await meta.get('id')
+          await new Promise((r) => setTimeout(r, 5)) // another holder would come in here without the lock
+          if (id === undefined) {
+            id = `made-${++made}`
+            await meta.put('id', id)
+          }
+          inside--
+          return id
+        })
+      const ids = await Promise.all(Array.from({ length: 6 }, (_, i) => setup(i % 2 ? other : store)))
+      t.equal(most, 1, 'never two holders at once')
+      t.equal(made, 1, 'set up once')
+      t.same(new Set(ids), new Set(['made-1']), 'every caller found the one setup')
+      await t.rejects(
+        store.withInitLock(async () => Promise.reject(new Error('setup failed'))),
+        /setup failed/,
+      )
+      t.equal(await other.withInitLock(async () => 'free again'), 'free again', 'a failed holder frees the lock')
+    })
+  })
+}

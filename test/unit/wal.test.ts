@@ -3,7 +3,7 @@ import { spawnSync } from 'node:child_process'
 import { appendFileSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { Store } from '../../src/store/index.js'
+import { LevelStore } from '../../src/store/index.js'
 import { testDir, testStore } from '../helpers/gateway.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
@@ -15,8 +15,8 @@ const ROOT = fileURLToPath(new URL('../..', import.meta.url))
  */
 function crashAfterWrites(dir: string, n: number): { signal: string | null; stdout: string } {
   const script = `
-    import { Store } from './src/store/index.ts'
-    const store = await Store.open(process.argv[1])
+    import { LevelStore } from './src/store/index.ts'
+    const store = await LevelStore.open(process.argv[1])
     const c = store.collection('things')
     await store.batch([{ type: 'put', coll: c, key: 'gone', value: 'here' }])
     await store.settled()
@@ -32,7 +32,7 @@ function crashAfterWrites(dir: string, n: number): { signal: string | null; stdo
 const walFiles = (dir: string): string[] => readdirSync(join(dir, 'wal')).sort()
 
 /** A store in a fresh directory, closed and removed when the test ends. */
-const openTemp = async (t: Test): Promise<Store> => (await testStore(t, 'paygate-wal-')).store
+const openTemp = async (t: Test): Promise<LevelStore> => (await testStore(t, 'paygate-wal-')).store as LevelStore
 
 t.test('batches acknowledged before a SIGKILL are replayed from the log at the next open', async (t) => {
   const dir = testDir(t, 'paygate-wal-')
@@ -41,7 +41,7 @@ t.test('batches acknowledged before a SIGKILL are replayed from the log at the n
   t.equal(crash.stdout, 'logged\n')
   t.equal(walFiles(dir).length, 1, 'the log was left behind')
 
-  const store = await Store.open(dir)
+  const store = await LevelStore.open(dir)
   t.teardown(() => store.close())
   t.ok(store.recovered.batches >= 300, `replayed ${store.recovered.batches} batches`)
   t.equal(store.recovered.torn, 0)
@@ -66,7 +66,7 @@ t.test('a record cut short or failing its checksum ends the replay of its file',
 
   // a header announcing more bytes than were written: the tail of a write the process died in
   appendFileSync(file, Buffer.from([200, 0, 0, 0, 1, 2, 3, 4, 5]))
-  let store = await Store.open(dir)
+  let store = await LevelStore.open(dir)
   t.same(store.recovered, { batches: 21, torn: 1 })
   t.same(await store.collection('things').get('k19'), { i: 19 })
   await store.close()
@@ -82,7 +82,7 @@ t.test('a record cut short or failing its checksum ends the replay of its file',
   t.ok(i > 0)
   bytes[i + 2] = '8'.charCodeAt(0) // k19 -> k89: the record still parses, only its checksum catches it
   writeFileSync(f2, bytes)
-  store = await Store.open(dir)
+  store = await LevelStore.open(dir)
   t.teardown(() => store.close())
   t.same(store.recovered, { batches: 20, torn: 1 })
   t.equal(await store.collection('things').get('k19'), undefined, 'the altered record is not applied')
@@ -122,7 +122,7 @@ t.test('range reads wait for LevelDB to hold every acknowledged batch', async (t
 
 t.test('full log files are removed once LevelDB holds them; close removes the rest', async (t) => {
   const dir = testDir(t, 'paygate-wal-')
-  const store = await Store.open(dir, { walMaxBytes: 1024 })
+  const store = await LevelStore.open(dir, { walMaxBytes: 1024 })
   const c = store.collection<string>('things')
   for (let i = 0; i < 200; i++) await c.put(`k${i}`, 'x'.repeat(100))
   await store.settled()
@@ -134,7 +134,7 @@ t.test('full log files are removed once LevelDB holds them; close removes the re
   t.same(walFiles(dir), [])
   await t.rejects(c.put('late', 'x'), /closed/)
 
-  const again = await Store.open(dir)
+  const again = await LevelStore.open(dir)
   t.same(again.recovered, { batches: 0, torn: 0 })
   t.equal(await again.collection('things').get('k199'), 'x'.repeat(100))
   await again.close()

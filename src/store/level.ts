@@ -1,0 +1,346 @@
+import { mkdirSync } from 'node:fs'
+import { join } from 'node:path'
+import { Level } from 'level'
+import { PaygateError } from '../errors/index.js'
+import { lockFile, type FileLock } from '../util/file-lock.js'
+import { KeyedMutex } from '../util/mutex.js'
+import { outcome, type Result } from '../util/result.js'
+import type { BatchOp, Collection, RangeOptions, Store, StoreOptions } from './types.js'
+import { Wal, type WalOp } from './wal.js'
+
+/**
+ * LevelDB state (the `level` package lives only here). Each resource is a named
+ * collection (a sublevel with JSON values); every multi-key change goes through
+ * `batch`, which is atomic across collections.
+ *
+ * A batch is durable when its record is in the write-ahead log (`wal.ts`, one `writeSync`);
+ * LevelDB is written behind it, several batches per write. Until then point reads (`get`,
+ * `getMany`) are answered from the logged values, and range reads wait until LevelDB holds
+ * every batch acknowledged before they began. Opening replays the log into LevelDB.
+ */
+type Sub<T> = ReturnType<Level<string, unknown>['sublevel']> & { __t?: T }
+
+/** Values are stored as the JSON text the collections' `json` encoding would produce. */
+const TEXT = { keyEncoding: 'utf8', valueEncoding: 'utf8' } as const
+/** The data directory's lock file (it keeps the holder's pid). */
+const LOCK_FILE = 'paygate.lock'
+const REPLAY_CHUNK = 1000
+/** Ops per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
+const APPLY_CHUNK = 512
+
+/** A logged value not yet in LevelDB (`value` undefined: deleted), with the batch that wrote it. */
+interface Logged {
+  seq: number
+  value: string | undefined
+}
+
+const decodeLogged = <T>(l: Logged): T | undefined => (l.value === undefined ? undefined : (JSON.parse(l.value) as T))
+
+class LevelCollection<T> implements Collection<T> {
+  readonly prefix: string
+  constructor(
+    readonly name: string,
+    readonly sub: Sub<T>,
+    private readonly store: LevelStore,
+  ) {
+    this.prefix = sub.prefix
+  }
+  async get(key: string): Promise<T | undefined> {
+    const logged = this.store.logged(this.prefix + key)
+    if (logged) return decodeLogged<T>(logged)
+    return (await this.sub.get(key)) as T | undefined
+  }
+  async getMany(keys: string[]): Promise<(T | undefined)[]> {
+    const out = new Array<T | undefined>(keys.length)
+    const miss: string[] = []
+    const missAt: number[] = []
+    keys.forEach((key, i) => {
+      const logged = this.store.logged(this.prefix + key)
+      if (!logged) {
+        miss.push(key)
+        missAt.push(i)
+      } else out[i] = decodeLogged<T>(logged)
+    })
+    if (miss.length) {
+      for (const [j, v] of (await this.sub.getMany(miss)).entries()) out[missAt[j]!] = v as T | undefined
+    }
+    return out
+  }
+  put(key: string, value: T): Promise<void> {
+    return this.store.batch([{ type: 'put', coll: this, key, value }])
+  }
+  del(key: string): Promise<void> {
+    return this.store.batch([{ type: 'del', coll: this, key }])
+  }
+  async *entries(opts: RangeOptions = {}): AsyncIterable<[string, T]> {
+    await this.store.settled()
+    for await (const [k, v] of this.sub.iterator(opts)) yield [k as string, v as T]
+  }
+  async *keys(opts: RangeOptions = {}): AsyncIterable<string> {
+    await this.store.settled()
+    for await (const k of this.sub.keys(opts)) yield k as string
+  }
+}
+
+/** One op as logged: the full LevelDB key and the value's JSON text. */
+function encode(op: BatchOp): WalOp {
+  const key = (op.coll as LevelCollection<unknown>).prefix + op.key
+  if (op.type === 'del') return [key]
+  const value = op.latest ? op.latest() : op.value
+  if (value === null || value === undefined) throw new TypeError(`store: a put needs a value (${op.coll.name}/${op.key})`)
+  return [key, JSON.stringify(value)]
+}
+
+function levelOps(ops: Iterable<WalOp>): { type: 'put' | 'del'; key: string; value?: string }[] {
+  const out: { type: 'put' | 'del'; key: string; value?: string }[] = []
+  for (const [key, value] of ops) out.push(value === undefined ? { type: 'del', key } : { type: 'put', key, value })
+  return out
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+export class LevelStore implements Store {
+  readonly backend = 'level' as const
+  private readonly db: Level<string, unknown>
+  private readonly colls = new Map<string, LevelCollection<unknown>>()
+  private readonly locks = new KeyedMutex()
+  private readonly initLock = new KeyedMutex()
+  private wal!: Wal
+  /** batches called in this tick, logged together */
+  private pending: { ops: BatchOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
+  private flushQueued = false
+  /** sequence number of the last logged batch, and of the last one in LevelDB */
+  private seq = 0
+  private appliedSeq = 0
+  private readonly overlay = new Map<string, Logged>()
+  private toApply: { seq: number; ops: WalOp[] }[] = []
+  private applying = false
+  private applyTimer: NodeJS.Timeout | null = null
+  private waiters: { seq: number; resolve: () => void; reject: (e: unknown) => void }[] = []
+  private closing = false
+  private closed?: Promise<void>
+  /** This process's lock on the data directory, released by `close`. */
+  private lock?: FileLock
+  /** What opening replayed from the log of the last run. */
+  recovered = { batches: 0, torn: 0 }
+  /** The last LevelDB write error, while writes behind the log are being retried. */
+  applyError: unknown
+
+  private constructor(
+    readonly location: string,
+    private readonly applyDelayMs: number,
+    private readonly onApplyError: (e: unknown) => void,
+  ) {
+    this.db = new Level<string, unknown>(location, { valueEncoding: 'json' })
+  }
+
+  /** Open (creating if needed) the LevelDB under `<dataDir>/state` and its log under `<dataDir>/wal`. */
+  static async open(dataDir: string, opts: StoreOptions = {}): Promise<LevelStore> {
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+    let lock: FileLock
+    try {
+      lock = lockFile(join(dataDir, LOCK_FILE), `the data directory ${dataDir}`)
+    } catch (e) {
+      throw new PaygateError('unavailable', `${(e as Error).message}; stop that Paygate or choose another data directory (dataDir, PAYGATE_DATA_DIR)`)
+    }
+    const store = new LevelStore(join(dataDir, 'state'), opts.applyDelayMs ?? 10, opts.onApplyError ?? (() => {}))
+    store.lock = lock
+    try {
+      await store.db.open()
+      const walDir = join(dataDir, 'wal')
+      const { files, batches, torn } = Wal.recover(walDir)
+      // LevelDB may already hold some of these: re-applying them in order ends in the same state.
+      for (let i = 0; i < batches.length; i += REPLAY_CHUNK) {
+        await store.db.batch(levelOps(batches.slice(i, i + REPLAY_CHUNK).flat()) as never, { ...TEXT, sync: true } as never)
+      }
+      store.recovered = { batches: batches.length, torn }
+      store.wal = Wal.start(walDir, files, opts.walMaxBytes ?? 16 * 2 ** 20)
+    } catch (e) {
+      if (store.db.status === 'open') await store.db.close()
+      lock.release()
+      throw e
+    }
+    return store
+  }
+
+  get status(): string {
+    return this.closing ? 'closing' : this.db.status
+  }
+
+  collection<T>(name: string): Collection<T> {
+    // One collection a name, and every caller of a name reads it as the same T.
+    let c = this.colls.get(name) as LevelCollection<T> | undefined
+    if (!c) {
+      const sub = this.db.sublevel<string, T>(name, { valueEncoding: 'json' }) as unknown as Sub<T>
+      c = new LevelCollection<T>(name, sub, this)
+      this.colls.set(name, c)
+    }
+    return c
+  }
+
+  /** The logged state of a full key while it is not yet in LevelDB. */
+  logged(key: string): Logged | undefined {
+    return this.overlay.get(key)
+  }
+
+  /**
+   * A read-modify-write of the state behind `key`, atomic in this process: `fn` runs while no
+   * other transact() of `key` runs, and the operations it returns are enqueued as one batch
+   * before the lock is released, so the next holder reads after them. The caller awaits
+   * `written` outside the lock (the next decision need not wait for the disk). A database
+   * backend implements the same with a row lock held until its batch commits.
+   */
+  async transact<T>(key: string, fn: () => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
+    return this.locks.run(key, async () => {
+      const { ops, result } = await fn()
+      return { result, written: outcome(this.batch(ops as BatchOp[])) }
+    })
+  }
+
+  withInitLock<T>(fn: () => Promise<T>): Promise<T> {
+    return this.initLock.run('init', fn)
+  }
+
+  /**
+   * Apply puts and deletes across collections atomically. Resolves once logged; batches are
+   * logged and applied in the order `batch` was called (calls in one tick share one log write),
+   * so a key's later state never lands before an earlier one. A batch that cannot be encoded
+   * fails alone.
+   */
+  batch(ops: BatchOp[]): Promise<void> {
+    if (!ops.length) return Promise.resolve()
+    if (this.closing) return Promise.reject(new Error('store: closed'))
+    return new Promise((resolve, reject) => {
+      this.pending.push({ ops, resolve, reject })
+      if (!this.flushQueued) {
+        this.flushQueued = true
+        queueMicrotask(() => this.flush())
+      }
+    })
+  }
+
+  private flush(): void {
+    this.flushQueued = false
+    const group = this.pending.splice(0, this.pending.length)
+    const ok: { ops: WalOp[]; payload: string; resolve: () => void; reject: (e: unknown) => void }[] = []
+    for (const b of group) {
+      try {
+        const ops = b.ops.map(encode)
+        ok.push({ ops, payload: JSON.stringify(ops), resolve: b.resolve, reject: b.reject })
+      } catch (e) {
+        b.reject(e)
+      }
+    }
+    if (!ok.length) return
+    try {
+      this.wal.append(
+        ok.map((b) => b.payload),
+        this.seq + ok.length,
+      )
+    } catch (e) {
+      for (const b of ok) b.reject(e)
+      return
+    }
+    for (const b of ok) {
+      const seq = ++this.seq
+      for (const [key, value] of b.ops) this.overlay.set(key, { seq, value })
+      this.toApply.push({ seq, ops: b.ops })
+      b.resolve()
+    }
+    this.scheduleApply(false)
+  }
+
+  /** Start writing into LevelDB after `applyDelayMs`, or `now` (someone waits for it). */
+  private scheduleApply(now: boolean): void {
+    if (this.applying || !this.toApply.length) return
+    if (now && this.applyTimer) {
+      clearTimeout(this.applyTimer)
+      this.applyTimer = null
+    }
+    if (this.applyTimer) return
+    const start = (): void => {
+      this.applyTimer = null
+      this.applying = true
+      void this.apply()
+    }
+    if (now) start()
+    else this.applyTimer = setTimeout(start, this.applyDelayMs)
+  }
+
+  /**
+   * Write what is logged into LevelDB: up to APPLY_CHUNK ops per write, a key written
+   * several times only in its last state. Retried until it works or the store closes.
+   */
+  private async apply(): Promise<void> {
+    while (this.toApply.length) {
+      let n = 0
+      let ops = 0
+      while (n < this.toApply.length && (n === 0 || ops + this.toApply[n]!.ops.length <= APPLY_CHUNK)) ops += this.toApply[n++]!.ops.length
+      const group = this.toApply.splice(0, n)
+      const last = group[group.length - 1]!.seq
+      const merged = new Map<string, string | undefined>()
+      for (const b of group) for (const [key, value] of b.ops) merged.set(key, value)
+      for (let delay = 50; ; delay = Math.min(2 * delay, 2000)) {
+        try {
+          await this.db.batch(levelOps(merged) as never, TEXT as never)
+          if (this.applyError !== undefined) this.onApplyError(undefined)
+          this.applyError = undefined
+          break
+        } catch (e) {
+          if (this.applyError === undefined) this.onApplyError(e)
+          this.applyError = e
+          if (this.closing) {
+            this.toApply.unshift(...group)
+            this.applying = false
+            for (const w of this.waiters.splice(0)) w.reject(e)
+            return
+          }
+          await sleep(delay)
+        }
+      }
+      this.appliedSeq = last
+      for (const key of merged.keys()) if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
+      this.wal.retire(last)
+      if (this.waiters.length) {
+        this.waiters = this.waiters.filter((w) => {
+          if (w.seq > last) return true
+          w.resolve()
+          return false
+        })
+      }
+      // What was logged meanwhile waits its own delay, unless someone waits for it or a
+      // backlog of a full slice or more has built up (then other work runs between slices).
+      if (this.waiters.length || this.closing) continue
+      if (this.toApply.reduce((k, b) => k + b.ops.length, 0) < APPLY_CHUNK) break
+      await new Promise((r) => setImmediate(r))
+    }
+    this.applying = false
+    this.scheduleApply(false)
+  }
+
+  /** Resolves when LevelDB holds every batch logged so far. */
+  settled(): Promise<void> {
+    const seq = this.seq
+    if (this.appliedSeq >= seq) return Promise.resolve()
+    return new Promise((resolve, reject) => {
+      this.waiters.push({ seq, resolve, reject })
+      this.scheduleApply(true)
+    })
+  }
+
+  /** Write what is logged into LevelDB and close; the log is removed when LevelDB holds all of it. */
+  close(): Promise<void> {
+    this.closed ??= (async () => {
+      if (this.pending.length) this.flush()
+      this.closing = true
+      const applied = await this.settled().then(
+        () => true,
+        () => false,
+      )
+      if (this.db.status === 'open' || this.db.status === 'opening') await this.db.close()
+      this.wal.close(applied)
+      this.lock?.release()
+    })()
+    return this.closed
+  }
+}
