@@ -50,6 +50,7 @@ import type { Config } from './config/load.js'
 import type { Logger } from './log/index.js'
 import { PolicyStore } from './policy/store.js'
 import { Store } from './store/index.js'
+import { CrossLocks } from './store/leases.js'
 import { systemClock, type Clock } from './util/clock.js'
 import { Keystore } from './wallet/keystore.js'
 import { WalletService } from './wallet/service.js'
@@ -139,6 +140,8 @@ interface Started {
   notify?: Notifications
   prometheus?: PrometheusMetrics
   stopSweeping?: () => void
+  /** Ends this replica's lease (shared store only), so others settle what it leaves at once. */
+  releaseReplica?: () => Promise<void>
 }
 
 /** Stop what a failed start set running, at once (no grace: nothing was served yet). */
@@ -149,6 +152,7 @@ async function stopStarted(s: Started): Promise<void> {
   if (s.api) await closeServer(s.api, 0)
   await s.proxy?.close(0)
   await s.reconciler?.close()
+  await s.releaseReplica?.()
   await s.outbox?.close()
   await s.upstream?.close()
   await s.chain?.close()
@@ -244,17 +248,19 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)
   const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock, config.pay.maxAuthorizationSeconds)
   const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
+  const locks = new CrossLocks(l.store, clock)
   const engine = new PaymentEngine({
     ...{ store: l.store, registry: l.registry, policies: l.policies, wallets: l.walletStore, chain: l.chain, upstream, transactions: l.transactions, outbox: l.outbox, events, hooks, clock, log },
-    ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment, invocations },
+    ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment, invocations, locks },
   })
   const runner = new InvocationRunner({
     ...{ engine, book: invocations, registry: l.registry, policies: l.policies, wallets: l.walletStore, transactions: l.transactions, outbox: l.outbox },
     ...{ clock, timeoutMs: config.invoke.timeoutMs },
   })
   const reconciler = (s.reconciler = new Reconciler(engine, l.chain, l.transactions, clock, log))
+  s.releaseReplica = locks.holdReplicaLease()
   reconciler.start()
-  const idempotency = new Idempotency(l.store, clock, config.pay.idempotencyTtlHours * 3_600_000)
+  const idempotency = new Idempotency(l.store, clock, config.pay.idempotencyTtlHours * 3_600_000, locks)
   s.stopSweeping = idempotency.startSweeping()
   return { upstream, events, hooks, engine, reconciler, idempotency, invocations, runner }
 }
@@ -387,6 +393,7 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await s.notify!.close()
   s.prometheus?.close()
   await s.reconciler!.close()
+  await s.releaseReplica?.()
   await s.outbox!.close()
   await s.upstream!.close()
   await s.chain!.close()

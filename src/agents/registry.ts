@@ -1,9 +1,8 @@
 import { chmodSync, existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { PaygateError, notFound } from '../errors/index.js'
-import type { BatchOp, Collection, Store } from '../store/index.js'
+import { type BatchOp, type Collection, exclusive, type Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { KeyedMutex } from '../util/mutex.js'
 import { randomBase62 } from '../util/random.js'
 import { displayPrefix, hashKey, keyKindOf, newApiKey, newKeyId, sameHash, type KeyKind } from './keys.js'
 
@@ -68,7 +67,6 @@ export class Registry {
   private readonly agentKeys: Collection<string>
   private readonly cache = new Map<string, Identity>()
   private readonly agentCache = new Map<string, AgentRecord>()
-  private readonly mutex = new KeyedMutex()
   private readonly cascades: AgentCascade[] = []
   private readonly deleted: AgentDeleted[] = []
   private readonly envKeyHash: string | null
@@ -78,6 +76,12 @@ export class Registry {
    * revoke or delete may have landed in between, and its cache clear has already run.
    */
   private revoked = 0
+  /**
+   * On a store shared by replicas (PostgreSQL) another process may revoke a key or delete an
+   * agent at any moment: nothing is cached, so a revoke through one replica is refused by
+   * every replica from its next request on (one indexed read per verification).
+   */
+  private readonly caching: boolean
 
   constructor(
     private readonly store: Store,
@@ -89,6 +93,7 @@ export class Registry {
     this.keyByHash = store.collection('keyByHash')
     this.agentKeys = store.collection('agentKeys')
     this.envKeyHash = envAccountKey ? hashKey(envAccountKey) : null
+    this.caching = store.backend !== 'postgres'
   }
 
   /** `cascade` adds its ops to the delete's batch; `deleted` runs once that batch is written. */
@@ -112,7 +117,7 @@ export class Registry {
     const hit = this.cache.get(hash)
     if (hit) return hit
     const { value: id, cacheable } = await this.readGuarded(() => this.lookup(hash, kind))
-    if (!id || !cacheable) return id
+    if (!id || !cacheable || !this.caching) return id
     if (this.cache.size >= CACHE_MAX) this.cache.delete(this.cache.keys().next().value!)
     this.cache.set(hash, id)
     return id
@@ -208,7 +213,7 @@ export class Registry {
 
   /** Revoke a key at once. The last active account key cannot be revoked (nobody could log in). */
   async revokeKey(keyId: string): Promise<KeyRecord> {
-    return this.mutex.run('keys', async () => {
+    return exclusive(this.store, 'registry:keys', async () => {
       const rec = await this.keys.get(keyId)
       if (!rec) throw notFound(`key ${keyId}`)
       if (rec.revokedAt) return rec
@@ -232,7 +237,7 @@ export class Registry {
 
   /** Run `fn` for an existing agent under its lock: no delete or other change of it interleaves. */
   async withAgent<T>(agentId: string, fn: (agent: AgentRecord) => Promise<T>): Promise<T> {
-    return this.mutex.run(`agent:${agentId}`, async () => fn(await this.requireAgent(agentId)))
+    return exclusive(this.store, `registry:agent:${agentId}`, async () => fn(await this.requireAgent(agentId)))
   }
 
   /**
@@ -245,7 +250,7 @@ export class Registry {
   async withAgentOrNew<T>(agentId: string, fn: (agent: AgentRecord, create: BatchOp[]) => Promise<T>, opts: { create?: boolean } = {}): Promise<T> {
     if (opts.create === false) return this.withAgent(agentId, (a) => fn(a, []))
     validateAgentId(agentId)
-    return this.mutex.run(`agent:${agentId}`, async () => {
+    return exclusive(this.store, `registry:agent:${agentId}`, async () => {
       const found = await this.getAgent(agentId)
       if (found) return fn(found, [])
       const agent: AgentRecord = { agentId, createdAt: this.nowIso() }
@@ -269,13 +274,13 @@ export class Registry {
     if (hit) return hit
     if (!AGENT_ID_RE.test(agentId)) return undefined
     const { value: a, cacheable } = await this.readGuarded(() => this.agents.get(agentId))
-    if (a && cacheable) this.agentCache.set(agentId, a)
+    if (a && cacheable && this.caching) this.agentCache.set(agentId, a)
     return a
   }
 
   async createAgent(requested?: string): Promise<{ agent: AgentRecord; key: IssuedKey }> {
     const agentId = requested === undefined ? `agent_${randomBase62(12)}` : validateAgentId(requested)
-    return this.mutex.run(`agent:${agentId}`, async () => {
+    return exclusive(this.store, `registry:agent:${agentId}`, async () => {
       if (await this.agents.get(agentId)) throw new PaygateError('conflict', `agent ${agentId} already exists`)
       const agent: AgentRecord = { agentId, createdAt: this.nowIso() }
       const { issued, ops } = this.keyOps('agent', agentId)

@@ -15,9 +15,9 @@ import { countSessionCall } from '../policy/usage.js'
 import { SESSION_HEADER } from '../protocols/mpp.js'
 import type { HttpAnswer, PayableChain } from '../protocols/types.js'
 import type { Store } from '../store/index.js'
+import { CrossLocks } from '../store/leases.js'
 import type { Clock } from '../util/clock.js'
 import { formatUnits, toUsdcNumber } from '../util/money.js'
-import { KeyedMutex } from '../util/mutex.js'
 import { attempt, outcome } from '../util/result.js'
 import type { Wallets } from '../wallet/wallets.js'
 import type { MppAdapter } from './adapters/mpp.js'
@@ -58,6 +58,8 @@ export interface EngineDeps {
   acceptPayment?: string
   /** Open invocations and their caps (payments with an `X-Paygate-Invocation` token). */
   invocations?: InvocationBook
+  /** Locks that hold across replicas (a new set for this engine when not given). */
+  locks?: CrossLocks
 }
 
 const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({})
@@ -81,15 +83,17 @@ export class PaymentEngine {
   /** Payments this process is still working on (the reconciler skips them). */
   readonly leases = new Leases()
   private readonly balances: Balances
-  /** Per agent and service origin: one MPP session negotiation at a time. */
-  private readonly negotiations = new KeyedMutex()
-  /** Payments whose nonce the offer fixes, one at a time per agent and nonce. */
-  private readonly fixedNonces = new KeyedMutex()
+  /**
+   * Per agent and service origin, one MPP session negotiation at a time; per agent and nonce,
+   * one payment of a nonce the offer fixes. Across replicas on a shared store (store/leases.ts).
+   */
+  readonly locks: CrossLocks
   private readonly aheadSigner: AheadSigner
   private readonly reserveDeps: ReserveDeps
   private readonly deliverDeps: DeliverDeps
 
   constructor(private readonly d: EngineDeps) {
+    this.locks = d.locks ?? new CrossLocks(d.store, d.clock)
     this.aheadSigner = new AheadSigner({ policies: d.policies, wallets: d.wallets, clock: d.clock, busy: () => this.leases.size > 0 })
     this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed') })
     this.recorder = new Recorder({ store: d.store, policies: d.policies, transactions: d.transactions, outbox: d.outbox, events: d.events, hooks: d.hooks, clock: d.clock, balances: this.balances })
@@ -224,7 +228,7 @@ export class PaymentEngine {
 
     // One negotiation per agent and service: concurrent first calls, and concurrent calls
     // whose session was refused, wait here and then ride on the session the first one bought.
-    return this.negotiations.run(`${agentId}\u0000${new URL(req.url).origin}`, async () => {
+    return this.locks.run(`negotiation\u0000${agentId}\u0000${new URL(req.url).origin}`, async () => {
       const bought = await this.d.mpp.session(agentId, req.url)
       if (bought) {
         const res = await this.sendOrUnreachable(req, { [SESSION_HEADER]: bought.token })
@@ -273,7 +277,7 @@ export class PaymentEngine {
     // it can be paid once, ever: payments of one nonce take turns, and a nonce already used on
     // chain, or held by a transaction whose outcome is still open, is not signed again (else the
     // refusal that follows, or the reconciler, would count one transfer twice).
-    return this.fixedNonces.run(`${req.agentId}\u0000${nonce}`, async () => {
+    return this.locks.run(`fixed-nonce\u0000${req.agentId}\u0000${nonce}`, async () => {
       // The policy has its say first (a rejection needs no chain); payNow decides again, under the agent's lock.
       const [policy, usage] = await Promise.all([this.d.policies.policyOf(req.agentId), this.d.policies.usageOf(req.agentId)])
       const wallet = await this.d.wallets.get(req.agentId)
@@ -305,6 +309,7 @@ export class PaymentEngine {
       id: newTxId(now),
       agentId,
       status: 'pending',
+      ...(this.locks.shared ? { owner: this.locks.replicaId } : {}),
       createdAt: now,
       updatedAt: now,
       endpoint: endpointOf(req.url),

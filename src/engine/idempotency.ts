@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto'
 import { PaygateError, storedError } from '../errors/index.js'
 import type { Collection, Store } from '../store/index.js'
+import type { CrossLocks } from '../store/leases.js'
 import type { Clock } from '../util/clock.js'
 
 export interface StoredResult {
@@ -76,6 +77,8 @@ export class Idempotency {
     store: Store,
     private readonly clock: Clock,
     private readonly ttlMs: number,
+    /** On a shared store, a key's run holds a lease in every replica, so a call on another replica waits for it too. */
+    private readonly locks?: CrossLocks,
   ) {
     this.results = store.collection('idempotency')
   }
@@ -125,7 +128,7 @@ export class Idempotency {
       return this.attempt(agentId, key, hash, fn, unpaid, recover)
     }
     // Claim the key before the first await, so a racing call with the same key waits for this one.
-    const done = (async (): Promise<Replayed<T, L>> => {
+    const run = async (): Promise<Replayed<T, L>> => {
       const stored = await this.results.get(k)
       let interrupted: number | null = null
       if (stored && stored.createdAt + this.ttlMs > this.clock.now()) {
@@ -164,7 +167,9 @@ export class Idempotency {
         else if (e instanceof PaygateError && unpaid(e)) await this.results.del(k)
         throw e
       }
-    })()
+    }
+    const locks = this.locks
+    const done = locks?.shared ? locks.run(`idempotency\x00${k}`, run) : run()
     this.inflight.set(k, { hash, done })
     try {
       return await done

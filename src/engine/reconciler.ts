@@ -42,6 +42,8 @@ export class Reconciler {
     for (const status of ['pending', 'unknown'] as const) for await (const r of this.transactions.all(status)) open.push(r)
     for (const r of open) {
       if (this.engine.leases.isHeld(r.id)) continue
+      // Another live replica's payment is its own to finish; once its lease ends, ours to settle.
+      if (r.owner && r.owner !== this.engine.locks.replicaId && (await this.engine.locks.alive(r.owner))) continue
       await this.settle(r)
     }
   }

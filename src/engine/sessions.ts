@@ -25,6 +25,8 @@ export class MppSessions {
   private readonly cache = new Map<string, MppSession | null>()
   /** Saves and drops of one agent and service, one at a time. */
   private readonly writes = new KeyedMutex()
+  /** On a store shared by replicas another process may save or drop a session: nothing is cached. */
+  private readonly caching: boolean
 
   constructor(
     store: Store,
@@ -32,6 +34,7 @@ export class MppSessions {
     private readonly clock: Clock,
   ) {
     this.coll = store.collection('mppSessions')
+    this.caching = store.backend !== 'postgres'
     registry.onAgentDelete(
       async (agentId): Promise<BatchOp[]> => {
         const ops: BatchOp[] = []
@@ -48,6 +51,7 @@ export class MppSessions {
 
   /** As `valid` from memory alone; undefined when that would need a store read. */
   cachedValid(agentId: string, origin: string): MppSession | null | undefined {
+    if (!this.caching) return undefined
     const s = this.cache.get(keyOf(agentId, origin))
     return s === undefined ? undefined : this.unexpired(s)
   }
@@ -55,6 +59,7 @@ export class MppSessions {
   /** The agent's unexpired session with `origin`, if any. */
   async valid(agentId: string, origin: string): Promise<MppSession | null> {
     const k = keyOf(agentId, origin)
+    if (!this.caching) return this.unexpired((await this.coll.get(k)) ?? null)
     let s = this.cache.get(k)
     if (s === undefined) {
       const revision = this.registry.revision

@@ -46,6 +46,8 @@ const MAX_HELD = 20_000
  * Sending again what the node has is harmless ("already known").
  */
 const RESEND_AFTER_MS = 60_000
+/** Shared store: another replica's row still unconfirmed this long after we first saw it is sent by us too. */
+const ADOPT_AFTER_MS = 30_000
 
 /**
  * Durable outbox of ledger records. A record is signed with the next local nonce and
@@ -82,6 +84,17 @@ export class Outbox {
   /** A record signed ahead (see signAhead), with the nonce and stamp it was signed under. */
   private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: { raw: Hex; hash: Hex } } | null = null
 
+  /**
+   * On a store shared by replicas (PostgreSQL) every replica records with the one ledger signer:
+   * nonces are taken from the database under its cross-replica lock, in the batch that stores the
+   * records, and a replica also sends other replicas' rows it finds left unsent (see adoptForeign).
+   */
+  private readonly shared: boolean
+  /** The signer's nonce on chain at start: the floor for the stored next nonce. */
+  private chainNonce = 0n
+  /** Other replicas' rows below our own, and when we first saw each. */
+  private foreignSeen = new Map<string, number>()
+
   private readonly pollMs: number
   private readonly maxHeld: number
   private readonly resendAfterMs: number
@@ -100,10 +113,12 @@ export class Outbox {
     this.clock = opts.clock ?? systemClock
     this.entries = store.collection('ledgerOutbox')
     this.meta = store.collection('meta')
+    this.shared = store.backend === 'postgres'
   }
 
   async start(): Promise<void> {
     const chainNonce = await this.writer.init()
+    this.chainNonce = chainNonce
     const stored = await this.meta.get(NONCE_KEY)
     this.nextNonce = stored !== undefined && BigInt(stored) > chainNonce ? BigInt(stored) : chainNonce
     // After a restart everything stored is sent again: the node may never have had it.
@@ -166,7 +181,8 @@ export class Outbox {
    * payment failed) is dropped unused; nothing signed ahead is stored or sent.
    */
   signAhead(entry: LedgerEntry): void {
-    if (this.closed || this.queue.length) return
+    // Shared: the next nonce is another replica's as often as ours, a guess would rarely hold.
+    if (this.closed || this.queue.length || this.shared) return
     // After the caller's request is written (undici writes a reused socket's request on an immediate too).
     setImmediate(() => {
       if (this.closed || this.queue.length) return
@@ -197,17 +213,12 @@ export class Outbox {
       const stored: OutboxEntry[] = []
       let nonce = this.nextNonce
       try {
-        for (const g of group) {
-          const signed = this.signed(g.entry, nonce)
-          const e: OutboxEntry = { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash }
-          stored.push(e)
-          batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e })
-          batch.push(...g.ops(signed.hash))
-          hashes.push(signed.hash)
-          nonce++
+        if (this.shared) {
+          nonce = await this.storeShared(group, batch, hashes, stored)
+        } else {
+          nonce = this.signGroup(group, nonce, batch, hashes, stored)
+          await this.store.batch(batch)
         }
-        batch.push({ type: 'put', coll: this.meta, key: NONCE_KEY, value: nonce.toString() })
-        await this.store.batch(batch)
       } catch (e) {
         for (const g of group) g.reject(e)
         return
@@ -222,6 +233,34 @@ export class Outbox {
     // record() schedules a flush for whatever arrives meanwhile; the pass waits to send a run
     // of records and find the earlier ones mined, instead of one pass (and one receipt miss) per payment.
     this.schedule(SEND_DELAY_MS)
+  }
+
+  /** Sign the group from `nonce` on, adding its rows, the callers' ops and the next nonce to `batch`; the next nonce. */
+  private signGroup(group: Outbox['queue'], nonce: bigint, batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): bigint {
+    for (const g of group) {
+      const signed = this.signed(g.entry, nonce)
+      const e: OutboxEntry = { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash }
+      stored.push(e)
+      batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e })
+      batch.push(...g.ops(signed.hash))
+      hashes.push(signed.hash)
+      nonce++
+    }
+    batch.push({ type: 'put', coll: this.meta, key: NONCE_KEY, value: nonce.toString() })
+    return nonce
+  }
+
+  /** Shared store: take the nonces from the database under the signer's cross-replica lock, written in that lock's transaction. */
+  private async storeShared(group: Outbox['queue'], batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<bigint> {
+    const { result, written } = await this.store.transact('ledger:signer', async () => {
+      const at = await this.meta.get(NONCE_KEY)
+      const from = at !== undefined && BigInt(at) > this.chainNonce ? BigInt(at) : this.chainNonce
+      const next = this.signGroup(group, from, batch, hashes, stored)
+      return { ops: batch, result: next }
+    })
+    const w = await written
+    if (!w.ok) throw w.error
+    return result
   }
 
   private schedule(ms: number): void {
@@ -252,6 +291,7 @@ export class Outbox {
   /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
     if (this.spilledUpTo !== null) await this.readBack()
+    if (this.shared) await this.adoptForeign()
     await this.writer.refreshFeesIfDue().catch((e: unknown) => this.log.warn({ err: e }, 'refreshing ledger fees failed; the last ones are used'))
     while (this.unsent.length) {
       const batch = this.unsent.slice(0, MAX_SEND)
@@ -306,6 +346,34 @@ export class Outbox {
       this.unsent = [...this.unconfirmed.splice(0), ...this.unsent]
     }
     if (left || this.spilledUpTo !== null || this.unsent.length) this.schedule(this.pollMs)
+  }
+
+  /**
+   * Shared store: rows of other replicas below our first unconfirmed one, still stored
+   * ADOPT_AFTER_MS after we first saw them, were left by a replica that stopped (or cannot reach
+   * the chain). Our later nonces cannot be mined before them, so we send them too (a signed
+   * transaction sent twice is harmless) and confirm them like our own.
+   */
+  private async adoptForeign(): Promise<void> {
+    const first = this.unconfirmed[0] ?? this.unsent[0]
+    if (!first) return
+    const now = this.clock.now()
+    const ours = new Set([...this.unconfirmed, ...this.unsent].map((e) => e.nonce))
+    const seen = new Map<string, number>()
+    const adopt: OutboxEntry[] = []
+    for await (const [, e] of this.entries.entries({ lt: nonceKey(BigInt(first.nonce)), limit: MAX_SEND })) {
+      if (ours.has(e.nonce)) continue
+      const since = this.foreignSeen.get(e.nonce) ?? now
+      seen.set(e.nonce, since)
+      if (now - since >= ADOPT_AFTER_MS) adopt.push(e)
+    }
+    this.foreignSeen = seen
+    if (!adopt.length) return
+    this.log.warn({ from: adopt[0]!.nonce, count: adopt.length }, 'sending ledger records another replica left unsent or unconfirmed')
+    for (const e of adopt) this.foreignSeen.delete(e.nonce)
+    // In nonce order: the adopted rows, then ours again (sending what the node has is harmless).
+    this.unsent = [...adopt, ...this.unconfirmed.splice(0), ...this.unsent]
+    this.stored += adopt.length
   }
 
   /** Stop the pump; what is stored stays stored and is sent after the next start. */

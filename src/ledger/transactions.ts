@@ -58,6 +58,8 @@ export interface TxRecord {
   invocation?: TxInvocation
   agentId: string
   status: TxStatus
+  /** On a store shared by replicas: the replica working on it (`CrossLocks.replicaId`); others' reconcilers wait for its lease to end. */
+  owner?: string
   createdAt: number
   updatedAt: number
   /** Origin and path of the target (no query string, no credentials). */

@@ -21,3 +21,15 @@ export const Store = {
     return LevelStore.open(dataDir, opts)
   },
 }
+
+/**
+ * Run `fn` while no other `exclusive` or `transact` of `key` runs: in this process on LevelDB,
+ * in every replica on PostgreSQL (the key's advisory lock is held for `fn`'s duration). `fn`
+ * writes through the store as usual; its writes are committed before the lock is released,
+ * so the next holder reads them. For short critical sections only: on PostgreSQL each holder
+ * keeps a connection of the lock pool.
+ */
+export async function exclusive<T>(store: Store, key: string, fn: () => Promise<T>): Promise<T> {
+  const { result } = await store.transact(key, async () => ({ ops: [], result: await fn() }))
+  return result
+}

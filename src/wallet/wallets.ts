@@ -26,6 +26,12 @@ export class Wallets {
   private readonly archive: Collection<WalletRecord>
   private readonly signers = new Map<string, FastSigner>()
   private readonly records = new Map<string, WalletRecord>()
+  /**
+   * On a store shared by replicas another process may delete an agent and recreate it with a
+   * new wallet: wallet records are then read each time, and a decrypted signer is reused only
+   * for the address the record names.
+   */
+  private readonly caching: boolean
 
   constructor(
     private readonly store: Store,
@@ -35,6 +41,7 @@ export class Wallets {
   ) {
     this.wallets = store.collection('wallets')
     this.archive = store.collection('walletArchive')
+    this.caching = store.backend !== 'postgres'
     registry.onAgentDelete(
       async (agentId): Promise<BatchOp[]> => {
         const w = await this.wallets.get(agentId)
@@ -79,7 +86,7 @@ export class Wallets {
     if (hit) return hit
     const revision = this.registry.revision
     const w = await this.wallets.get(agentId)
-    if (w && revision === this.registry.revision) this.records.set(agentId, w)
+    if (w && revision === this.registry.revision && this.caching) this.records.set(agentId, w)
     return w
   }
 
@@ -108,7 +115,7 @@ export class Wallets {
   /** The agent's native signer (the payment hot path), decrypted once and cached. */
   async signer(agentId: string): Promise<FastSigner> {
     const hit = this.signers.get(agentId)
-    if (hit) return hit
+    if (hit && (this.caching || hit.address === (await this.require(agentId)).address)) return hit
     const revision = this.registry.revision
     const { w, pk } = await this.privateKey(agentId)
     const signer = new FastSigner(pk)
