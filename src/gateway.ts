@@ -40,7 +40,6 @@ import { PrometheusMetrics } from './metrics/prometheus.js'
 import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
-import { CA_COLLECTION, type StoredCa } from './proxy/ca-stored.js'
 import { ProxyServer } from './proxy/server.js'
 import { PaygateError } from './errors/index.js'
 import { Chain, faucetAmounts } from './chain/chain.js'
@@ -327,12 +326,6 @@ function buildProxy({ config, log }: Ctx, l: Ledger, p: Paying, ca: CertificateA
   })
 }
 
-/** The interception CA: files in `certsDir` on LevelDB; on PostgreSQL in the store, one CA for every replica (created once, under the init lock). */
-function loadCa(config: Config, store: Store, keystore: Keystore): Promise<CertificateAuthority> {
-  if (store.backend !== 'postgres') return CertificateAuthority.load(config.certsDir)
-  return store.withInitLock(() => CertificateAuthority.loadStored(store.collection<StoredCa>(CA_COLLECTION), keystore))
-}
-
 /** The composition root: build every component from the config and start the listeners. */
 export async function startGateway(config: Config, opts: GatewayOptions): Promise<Gateway> {
   const ctx: Ctx = { config, opts, log: opts.log, clock: opts.clock ?? systemClock }
@@ -359,7 +352,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     prometheus.registerGauge('paygate_delivery_queue_depth', 'Notification deliveries waiting to be sent (pending or retrying).', () => notify.queueDepth())
     const { router, api } = buildApi(ctx, ledger, paying, notify, prometheus)
     s.api = api
-    const ca = await loadCa(config, s.store, ledger.keystore)
+    const ca = await CertificateAuthority.forStore(s.store, config.certsDir, ledger.keystore)
     const proxy = (s.proxy = buildProxy(ctx, ledger, paying, ca))
     router.add(...caRoutes(ca))
     const addr = await listen(api, config.api.port, config.api.host, 'api.port')

@@ -4,7 +4,6 @@ import { PaygateError, isPaygateError } from './errors/index.js'
 import { startGateway } from './gateway.js'
 import { createLogger, hideInLogs, scrubSecrets } from './log/index.js'
 import { CertificateAuthority } from './proxy/ca.js'
-import { CA_COLLECTION, type StoredCa } from './proxy/ca-stored.js'
 import { Store } from './store/index.js'
 import { Keystore } from './wallet/keystore.js'
 
@@ -41,10 +40,8 @@ async function loadCaOf(config: Config): Promise<CertificateAuthority> {
   if (!config.masterKey) throw new PaygateError('invalid_config', 'with store.postgresUrl, paygate ca needs masterKey (PAYGATE_MASTER_KEY), the same as the replicas')
   const store = await Store.open(config.dataDir, { postgresUrl: config.store.postgresUrl })
   try {
-    return await store.withInitLock(async () => {
-      const { keystore } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
-      return CertificateAuthority.loadStored(store.collection<StoredCa>(CA_COLLECTION), keystore)
-    })
+    const { keystore } = await store.withInitLock(() => Keystore.open(config.dataDir, config.masterKey, store.collection('meta')))
+    return await CertificateAuthority.forStore(store, config.certsDir, keystore)
   } finally {
     await store.close()
   }

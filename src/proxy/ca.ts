@@ -4,7 +4,7 @@ import { PaygateError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
 import { type Clock, systemClock } from '../util/clock.js'
 import { Lru } from '../util/lru.js'
-import type { Collection } from '../store/index.js'
+import type { Collection, Store } from '../store/index.js'
 import { type CaFiles, type CaMaterial, loadCaMaterial } from './ca-files.js'
 import { CA_COLLECTION, CA_ENTRY, loadStoredCaMaterial, type Sealer, type StoredCa } from './ca-stored.js'
 import { type LeafIssuer, leafIssuer, mintLeaf, parseHost } from './ca-leaf.js'
@@ -106,6 +106,15 @@ export class CertificateAuthority {
   static async loadStored(coll: Collection<StoredCa>, sealer: Sealer, opts: CaOptions = {}): Promise<CertificateAuthority> {
     const clock = opts.clock ?? systemClock
     return CertificateAuthority.from(() => loadStoredCaMaterial(coll, sealer, () => clock.now()), { store: `${CA_COLLECTION}/${CA_ENTRY}` }, opts)
+  }
+
+  /**
+   * The CA of a gateway on `store`: the files of `certsDir` on LevelDB; on PostgreSQL the
+   * store's, one for every replica, created once under the store's initialisation lock.
+   */
+  static forStore(store: Store, certsDir: string, sealer: Sealer, opts: CaOptions = {}): Promise<CertificateAuthority> {
+    if (store.backend !== 'postgres') return CertificateAuthority.load(certsDir, opts)
+    return store.withInitLock(() => CertificateAuthority.loadStored(store.collection<StoredCa>(CA_COLLECTION), sealer, opts))
   }
 
   private static async from(read: () => Promise<CaMaterial>, where: Record<string, string>, opts: CaOptions): Promise<CertificateAuthority> {
