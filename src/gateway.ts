@@ -358,7 +358,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     prometheus.registerGauge('paygate_delivery_queue_depth', 'Notification deliveries waiting to be sent (pending or retrying).', () => notify.queueDepth())
     const { router, api } = buildApi(ctx, ledger, paying, notify, prometheus)
     s.api = api
-    const ca = await CertificateAuthority.load(config.certsDir)
+    const ca = await CertificateAuthority.forStore(s.store, config.certsDir, ledger.keystore)
     const proxy = (s.proxy = buildProxy(ctx, ledger, paying, ca))
     router.add(...caRoutes(ca))
     const addr = await listen(api, config.api.port, config.api.host, 'api.port')

@@ -14,6 +14,8 @@ const USAGE = `usage: paygate [command] [--flags]
   ca [--bundle]                 print Paygate's CA certificate (creating the CA if needed); with
                                 --bundle, the system roots plus the CA, for REQUESTS_CA_BUNDLE,
                                 SSL_CERT_FILE, CURL_CA_BUNDLE and the like
+  copy-store [--to <url>]       copy the LevelDB state of dataDir (and the CA of certsDir) into an
+                                empty PostgreSQL database for replicas (default: store.postgresUrl)
 flags: every configuration key, e.g. --api-port 0 --chain-rpc-url http://… (see docs/configuration.md)`
 
 /** A second SIGINT/SIGTERM this soon after the first is part of the same shutdown request; later, it forces the exit. */
@@ -32,6 +34,19 @@ async function deployLedger(config: Config, withToken: boolean): Promise<void> {
   }
 }
 
+/** The CA `paygate ca` prints: the files of certsDir, or on PostgreSQL the replicas' CA in the database. */
+async function loadCaOf(config: Config): Promise<CertificateAuthority> {
+  if (!config.store.postgresUrl) return CertificateAuthority.load(config.certsDir)
+  if (!config.masterKey) throw new PaygateError('invalid_config', 'with store.postgresUrl, paygate ca needs masterKey (PAYGATE_MASTER_KEY), the same as the replicas')
+  const store = await Store.open(config.dataDir, { postgresUrl: config.store.postgresUrl })
+  try {
+    const { keystore } = await store.withInitLock(() => Keystore.open(config.dataDir, config.masterKey, store.collection('meta')))
+    return await CertificateAuthority.forStore(store, config.certsDir, keystore)
+  } finally {
+    await store.close()
+  }
+}
+
 /** `paygate [start] [--flags]`: start the gateway and run until SIGINT/SIGTERM. */
 async function main(): Promise<void> {
   const { config, positional } = loadConfig({ argv: process.argv.slice(2), env: process.env })
@@ -42,10 +57,14 @@ async function main(): Promise<void> {
     if (extra.length) throw new PaygateError('invalid_config', `unknown argument ${extra[0]}\n${USAGE}`)
     return deployLedger(config, positional.includes('--with-token'))
   }
+  if (command === 'copy-store') {
+    const { copyStore } = await import('./copy-store.js')
+    return copyStore(config, positional.slice(1), (line) => process.stdout.write(`${line}\n`))
+  }
   if (command === 'ca') {
     const extra = positional.slice(1).filter((a) => a !== '--bundle')
     if (extra.length) throw new PaygateError('invalid_config', `unknown argument ${extra[0]}\n${USAGE}`)
-    const ca = await CertificateAuthority.load(config.certsDir)
+    const ca = await loadCaOf(config)
     process.stdout.write(positional.includes('--bundle') ? ca.bundle() : ca.certPem)
     return
   }

@@ -36,6 +36,15 @@ export interface CaMaterial {
 }
 
 /**
+ * The CA files of `certsDir` when a CA is there (not creating one): what `paygate copy-store`
+ * takes into the database. `undefined` when `ca.key` and `ca.pem` are both absent.
+ */
+export async function readCaFiles(certsDir: string, now: () => number, log: Logger | undefined): Promise<CaMaterial | undefined> {
+  if (!existsSync(join(certsDir, CA_KEY_FILE)) && !existsSync(join(certsDir, CA_CERT_FILE))) return undefined
+  return loadCaMaterial(certsDir, now, log)
+}
+
+/**
  * Read the CA from `certsDir`, creating `ca.key` (0600), `ca.pem` and `leaf.key` (0600)
  * when absent. A partial or broken set throws `invalid_config` naming the files.
  */
@@ -83,7 +92,7 @@ export async function loadCaMaterial(certsDir: string, now: () => number, log: L
   return { certPem, caKey, caX509, caForge, leafKeyPem, leafKey, files, created }
 }
 
-function newRsaKey(): Promise<KeyObject> {
+export function newRsaKey(): Promise<KeyObject> {
   return new Promise((resolve, reject) => {
     generateKeyPair('rsa', { modulusLength: 2048, publicExponent: 0x10001 }, (err, _pub, priv) => (err ? reject(err) : resolve(priv)))
   })
@@ -119,7 +128,7 @@ function writeAtomic(file: string, text: string, mode: number): void {
   renameSync(tmp, file)
 }
 
-function parseCa(certPem: string, caKey: KeyObject, files: CaFiles, now: number): { x509: X509Certificate; forgeCert: forge.pki.Certificate } {
+export function parseCa(certPem: string, caKey: KeyObject, files: CaFiles, now: number): { x509: X509Certificate; forgeCert: forge.pki.Certificate } {
   let x509: X509Certificate
   let forgeCert: forge.pki.Certificate
   try {

@@ -4,14 +4,17 @@ import { PaygateError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
 import { type Clock, systemClock } from '../util/clock.js'
 import { Lru } from '../util/lru.js'
+import type { Collection, Store } from '../store/index.js'
 import { type CaFiles, type CaMaterial, loadCaMaterial } from './ca-files.js'
+import { CA_COLLECTION, CA_ENTRY, loadStoredCaMaterial, type Sealer, type StoredCa } from './ca-stored.js'
 import { type LeafIssuer, leafIssuer, mintLeaf, parseHost } from './ca-leaf.js'
 import { DAY } from './ca-x509.js'
 
 /**
  * Paygate's interception CA (node-forge lives only in src/proxy/ca*).
  *
- * Its files are created on first start and reused afterwards (ca-files.ts); leaves are
+ * Its files are created on first start and reused afterwards (ca-files.ts), or on PostgreSQL
+ * it lives in the store, shared by the replicas (ca-stored.ts); leaves are
  * minted per host (ca-leaf.ts, encoding in ca-x509.ts) with one shared leaf key and
  * cached per host (LRU) here, with the TLS context that serves them.
  */
@@ -92,9 +95,33 @@ export class CertificateAuthority {
    */
   static async load(certsDir: string, opts: CaOptions = {}): Promise<CertificateAuthority> {
     const clock = opts.clock ?? systemClock
+    return CertificateAuthority.from(() => loadCaMaterial(certsDir, () => clock.now(), opts.log), { certsDir }, opts)
+  }
+
+  /**
+   * Load the CA from the store (`ca/authority`, keys encrypted under the master key), creating
+   * it when absent: how replicas on PostgreSQL share one CA. Call it holding the store's
+   * initialisation lock.
+   */
+  static async loadStored(coll: Collection<StoredCa>, sealer: Sealer, opts: CaOptions = {}): Promise<CertificateAuthority> {
+    const clock = opts.clock ?? systemClock
+    return CertificateAuthority.from(() => loadStoredCaMaterial(coll, sealer, () => clock.now()), { store: `${CA_COLLECTION}/${CA_ENTRY}` }, opts)
+  }
+
+  /**
+   * The CA of a gateway on `store`: the files of `certsDir` on LevelDB; on PostgreSQL the
+   * store's, one for every replica, created once under the store's initialisation lock.
+   */
+  static forStore(store: Store, certsDir: string, sealer: Sealer, opts: CaOptions = {}): Promise<CertificateAuthority> {
+    if (store.backend !== 'postgres') return CertificateAuthority.load(certsDir, opts)
+    return store.withInitLock(() => CertificateAuthority.loadStored(store.collection<StoredCa>(CA_COLLECTION), sealer, opts))
+  }
+
+  private static async from(read: () => Promise<CaMaterial>, where: Record<string, string>, opts: CaOptions): Promise<CertificateAuthority> {
+    const clock = opts.clock ?? systemClock
     const capacity = opts.cacheSize ?? DEFAULT_CACHE_SIZE
     if (!Number.isInteger(capacity) || capacity < 1) throw new PaygateError('invalid_config', `the leaf certificate cache size must be a positive integer (got ${capacity})`)
-    const material = await loadCaMaterial(certsDir, () => clock.now(), opts.log)
+    const material = await read()
     const ca = new CertificateAuthority(material, clock, capacity)
     ca.selfTest(material.caX509)
 
@@ -103,7 +130,7 @@ export class CertificateAuthority {
       opts.log?.warn({ caCert: files.caCert, validTo: ca.validTo.toISOString() }, 'the interception CA expires soon: delete ca.key and ca.pem to create a new one, then redistribute it')
     }
     opts.log?.info(
-      { certsDir, created: created.ca, subject: ca.subject, fingerprint256: ca.fingerprint256, validTo: ca.validTo.toISOString() },
+      { ...where, created: created.ca, subject: ca.subject, fingerprint256: ca.fingerprint256, validTo: ca.validTo.toISOString() },
       created.ca ? 'created the interception CA' : 'loaded the interception CA',
     )
     return ca

@@ -178,6 +178,20 @@ export class LevelStore implements Store {
     return c
   }
 
+  /**
+   * Every stored entry as [collection, key, JSON text] in LevelDB order (collections grouped),
+   * once what is logged is in LevelDB: what `paygate copy-store` copies. Each collection is a
+   * sublevel, stored under `!<name>!<key>` (abstract-level names use bytes 0x22-0x7e).
+   */
+  async *dump(): AsyncIterable<[string, string, string]> {
+    await this.settled()
+    for await (const [k, v] of this.db.iterator(TEXT as never) as AsyncIterable<[string, string]>) {
+      const m = /^!([^!]+)!/.exec(k)
+      if (!m) throw new Error(`store: a LevelDB key outside any collection (${JSON.stringify(k.slice(0, 40))})`)
+      yield [m[1]!, k.slice(m[0].length), v]
+    }
+  }
+
   /** The logged state of a full key while it is not yet in LevelDB. */
   logged(key: string): Logged | undefined {
     return this.overlay.get(key)
