@@ -21,7 +21,7 @@ export interface LeaseOptions {
 /**
  * Locks that span replicas for sections that last as long as a network call (an MPP
  * negotiation, a fixed-nonce payment, an idempotency key's first run). On LevelDB one process
- * owns the data, so they are in-process mutexes. On PostgreSQL a holder writes a lease row
+ * owns the data, so they are the store's in-process lock. On PostgreSQL a holder writes a lease row
  * (claimed under the name's advisory transaction lock, so two replicas never both claim it),
  * renews it while it works, and deletes it when done; a waiter polls with backoff. A holder
  * that dies loses its lease after `ttlMs`, and the next claimant finds what it left behind.
@@ -58,7 +58,8 @@ export class CrossLocks {
   /** Run `fn` holding `name` in every replica. */
   run<T>(name: string, fn: () => Promise<T>): Promise<T> {
     const rows = this.rows
-    if (!rows) return this.local.run(name, fn)
+    // One process owns a LevelDB store: the store's own lock (shared by whoever holds the store) is enough.
+    if (!rows) return this.store.transact(`lease:${name}`, async () => ({ ops: [], result: await fn() })).then((r) => r.result)
     // Same-name callers of this process queue here, so only one of them polls the database.
     return this.local.run(name, async () => {
       const token = `${this.replicaId}:${++this.seq}`
