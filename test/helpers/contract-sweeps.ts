@@ -1,5 +1,6 @@
 import type { Test } from 'tap'
 import type { Config } from '../../src/config/load.js'
+import type { Clock } from '../../src/util/clock.js'
 import { contractCaller, send } from './contract-client.js'
 import { startTestGateway, type TestGateway } from './gateway.js'
 import { Contract, contractKey } from './openapi-contract.js'
@@ -62,8 +63,9 @@ export const UNAUTH_BURST = 10
 export const MAX_BODY_BYTES = 16 * 1024
 
 /** A real gateway with small limits the sweeps can reach: 10 unauthenticated requests per address, 16 KiB bodies. */
-export async function contractGateway(t: Test, overrides?: (c: Config) => void): Promise<{ gw: TestGateway; contract: Contract; call: ReturnType<typeof contractCaller> }> {
+export async function contractGateway(t: Test, overrides?: (c: Config) => void, clock?: Clock): Promise<{ gw: TestGateway; contract: Contract; call: ReturnType<typeof contractCaller> }> {
   const gw = await startTestGateway({
+    ...(clock ? { clock } : {}),
     overrides: (c) => {
       c.api.rateLimit.unauthenticated = { perMinute: 1, burst: UNAUTH_BURST }
       c.api.maxBodyBytes = MAX_BODY_BYTES
