@@ -1,5 +1,6 @@
 import t from 'tap'
 import { readFileSync } from 'node:fs'
+import { ERROR_STATUS } from '../../src/errors/index.js'
 import { Contract, DOC_FILE, type Answer } from '../helpers/openapi-contract.js'
 
 /**
@@ -91,4 +92,8 @@ t.test('every object schema with properties decides whether other fields are all
   }
   t.same(undecided, [], 'no object schema leaves additionalProperties undecided')
   t.same(open, ['#/components/schemas/Error', 'GET /v1/openapi.json/200/content/application/json/schema'])
+})
+
+t.test("the error body's codes are exactly the codes Paygate has", async (t) => {
+  t.same([...contract.doc.components.schemas.Error.properties.error.enum].sort(), Object.keys(ERROR_STATUS).sort())
 })
