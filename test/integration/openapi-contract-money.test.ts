@@ -20,6 +20,9 @@ const { merchantOptions } = await testChain(gw)
 const merchant = await startV2Merchant(await merchantOptions(10_000n))
 t.teardown(() => merchant.close())
 const paid = `${merchant.url}/paid`
+// 5000 USDC a call: more than a wallet the faucet filled (1000) holds.
+const dear = await startV2Merchant(await merchantOptions(5_000_000_000n))
+t.teardown(() => dear.close())
 
 /** A sub-agent answering each task with `answer` (or never, for `hang`). */
 async function subAgent(t: Test, answer: { status: number; body: unknown } | 'hang'): Promise<string> {
@@ -64,6 +67,8 @@ t.test('POST /v1/pay', async (t) => {
   await send(gw.url, { method: 'PUT', path: '/v1/policies/m-b', key: acct, body: { perCallLimit: { usdc: 0.001 } } })
   const refused = await call(t, { method: 'POST', path: '/v1/pay', key: keyB, body: { agentId: 'm-b', endpoint: paid } }, 402, 'policy_violation')
   t.equal(refused.body.reason, 'per_call_limit_exceeded')
+  const poor = await call(t, { method: 'POST', path: '/v1/pay', key: keyA, body: { agentId: 'm-a', endpoint: `${dear.url}/paid` } }, 402, 'insufficient_funds')
+  t.same(poor.body.required, { usdc: 5000 })
 })
 
 t.test('transactions, their chains and trees', async (t) => {
