@@ -87,7 +87,8 @@ t.test('every object schema with properties decides whether other fields are all
       if (o.additionalProperties === undefined) undecided.push(at)
       else if (o.additionalProperties === true) open.push(at)
     }
-    for (const [k, v] of Object.entries(o)) walk(v, `${at}/${k}`)
+    // if/then/not only constrain the shape around them (the depth-0 node has no protocol): not shapes of their own.
+    for (const [k, v] of Object.entries(o)) if (!['if', 'then', 'not'].includes(k)) walk(v, `${at}/${k}`)
   }
   walk(contract.doc.components.schemas, '#/components/schemas')
   for (const [path, item] of Object.entries(contract.doc.paths as Record<string, Record<string, any>>)) {
@@ -99,4 +100,14 @@ t.test('every object schema with properties decides whether other fields are all
 
 t.test("the error body's codes are exactly the codes Paygate has", async (t) => {
   t.same([...contract.doc.components.schemas.Error.properties.error.enum].sort(), Object.keys(ERROR_STATUS).sort())
+})
+
+t.test("the spec's depth-0 rule: the root of a chain or tree has no protocol or endpoint", async (t) => {
+  const node = { txHash: '0x1', agentId: 'a', amountPaid: { usdc: 0 }, depth: 0, status: 'paid', children: [] }
+  const tree = (root: unknown) => json(200, { root, totalCost: { usdc: 0 }, txCount: 0 })
+  t.same(contract.check('GET', '/v1/transactions/x/tree', tree(node)), [])
+  t.match(contract.check('GET', '/v1/transactions/x/tree', tree({ ...node, protocol: 'x402' })), [/body\/root\/protocol boolean schema is false/])
+  const link = { txHash: '0x2', agentId: 'a', amountPaid: { usdc: 0.01 }, protocol: 'x402', endpoint: 'http://t/paid' }
+  t.same(contract.check('GET', '/v1/transactions/x/chain', json(200, { root: '0x1', chain: [{ ...link, depth: 1 }] })), [])
+  t.match(contract.check('GET', '/v1/transactions/x/chain', json(200, { root: '0x1', chain: [{ ...link, depth: 0 }] })), [/body\/chain\/0\/protocol boolean schema is false/])
 })
