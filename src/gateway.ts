@@ -94,6 +94,8 @@ export interface Gateway {
   readonly egress: EgressGuard
   /** Per-agent aggregates (the metrics API) and the Prometheus registry (`registerGauge` for other features' gauges). */
   readonly metrics: { aggregates: Aggregates; prometheus: PrometheusMetrics }
+  /** The API port's routes (the OpenAPI contract test holds docs/openapi.json to them). */
+  readonly routes: Router['list']
   /** Base URL of the API port, e.g. http://127.0.0.1:8403 */
   readonly apiUrl: string
   /** Address of the forward-proxy port, e.g. http://127.0.0.1:8402 */
@@ -376,6 +378,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
     return {
       ...{ config, store: s.store, registry, policies, chain, wallets, engine, transactions, outbox, events, hooks, reconciler, proxy, ca, egress, accountKey, notify },
       metrics: { aggregates: ledger.aggregates, prometheus },
+      routes: () => router.list(),
       apiUrl: urlOf(addr),
       proxyUrl: urlOf(proxyAddr),
       close: () => (closing ??= closeStarted(s, config.shutdown.graceMs)),

@@ -49,6 +49,11 @@ export class Router {
     return this
   }
 
+  /** Every route as added: method, path (`:param` segments) and access. */
+  list(): { method: string; path: string; access: Access }[] {
+    return this.routes.map(({ method, path, access }) => ({ method, path, access }))
+  }
+
   /** Whether some route on this path is public (`/v1/ca.pem`): its other methods answer 405 without a key. */
   isPublicPath(pathname: string): boolean {
     const parts = pathname.split('/').filter(Boolean)
