@@ -2,26 +2,35 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { addPaid, addRejected, decodeBucket, emptyBucket, encodeBucket, endpointKey, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
+import { accountKey, agentRange, agentsIn, bucketKey, clear, dropOldHours, parseAccountKey, parseBucketKey, readBuckets, writeBuckets } from './bucket-store.js'
+import { addByAgent, addPaid, addRejected, emptyBucket, encodeBucket, endpointKey, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
 import { deltasOf, deltasOfRecord, type Delta } from './deltas.js'
-import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, sizeOf, type Precision } from './windows.js'
+import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision } from './windows.js'
 
-/** Bump when what a bucket holds changes: a store whose aggregates are older is backfilled again. */
-export const AGGREGATES_VERSION = 1
+export { bucketKey, parseBucketKey } from './bucket-store.js'
+
+/** Bump when what is stored changes: a store whose aggregates are older is backfilled again. 2: the account's buckets. */
+export const AGGREGATES_VERSION = 2
 /** The `meta` entry holding the version the stored aggregates were built with. */
 export const AGGREGATES_META_KEY = 'metricsAggregates'
 /** Retention is enforced per agent at most this often (its minute buckets are walked). */
 const PRUNE_EVERY_MS = 10 * MINUTE_MS
-const CHUNK = 1000
+/** The account's key prefix in `snapshot()` (agent ids cannot hold `:`). */
+const ACCOUNT_SNAPSHOT = 'account:'
 
 export interface AgentBuckets {
   /** By bucket start (ms). */
   minutes: Map<number, Bucket>
+  /** The hours from `loadedFrom` on (all of them once the agent is loaded). */
   hours: Map<number, Bucket>
-  /** The hours summed by UTC day, in memory only (rebuilt at load): long windows read days. */
+  /** The hours summed by UTC day, in memory only: long windows read days. Whole for days from `loadedFrom` on. */
   days: Map<number, Bucket>
   prunedAt: number
+  /** Hours before this (a UTC day start) are still only in the store; -Infinity: every hour is in memory. */
+  loadedFrom: number
 }
+
+const newBuckets = (loadedFrom: number): AgentBuckets => ({ minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0, loadedFrom })
 
 const NONE: readonly BatchOp[] = Object.freeze([])
 
@@ -29,20 +38,7 @@ const NONE: readonly BatchOp[] = Object.freeze([])
 function canonical(b: Bucket): string {
   const s = encodeBucket(b)
   const sorted = <T>(o: Record<string, T> | undefined) => (o ? Object.fromEntries(Object.entries(o).sort(([a], [c]) => (a < c ? -1 : a > c ? 1 : 0))) : undefined)
-  return JSON.stringify({ ...s, r: sorted(s.r), e: sorted(s.e) })
-}
-
-/** `<agentId>\0m|h\0<start in buckets, base 36>`: sorted per agent and precision. */
-export function bucketKey(agentId: string, precision: Precision, start: number): string {
-  return `${agentId}\x00${precision === 'minute' ? 'm' : 'h'}\x00${(start / sizeOf(precision)).toString(36).padStart(8, '0')}`
-}
-
-export function parseBucketKey(key: string): { agentId: string; precision: Precision; start: number } | null {
-  const j = key.lastIndexOf('\x00')
-  const i = key.lastIndexOf('\x00', j - 1)
-  if (i <= 0) return null
-  const precision: Precision = key.slice(i + 1, j) === 'm' ? 'minute' : 'hour'
-  return { agentId: key.slice(0, i), precision, start: Number.parseInt(key.slice(j + 1), 36) * sizeOf(precision) }
+  return JSON.stringify({ ...s, r: sorted(s.r), e: sorted(s.e), a: sorted(s.a) })
 }
 
 function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
@@ -52,23 +48,49 @@ function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
   else b.delegated += d.amount
 }
 
+/** The account's bucket counts the delta as the agent's does, and the payment in `by_agent`. */
+function applyAccount(b: Bucket, d: Delta, endpoint: string): void {
+  applyDelta(b, d, endpoint)
+  if (d.kind === 'paid') addByAgent(b, d.agentId, d.amount)
+}
+
+function bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
+  const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
+  let b = m.get(start)
+  if (!b) m.set(start, (b = emptyBucket()))
+  return b
+}
+
+/** Put `b` (an hour) into `a` with its day sum. */
+function addHour(a: AgentBuckets, start: number, b: Bucket): void {
+  a.hours.set(start, b)
+  mergeInto(bucketOf(a, 'day', floorTo(start, DAY_MS)), b, true)
+}
+
 /**
- * Per-agent aggregates in minute buckets (kept 48 h) and hour buckets (kept 400 days), kept
- * by a record-hook contributor in the same write as each record, and held in memory so that
- * the contributor (synchronous) and the metrics API read them without touching the disk. The
- * store is the durable copy: loaded at start, or built once from the records when it has none
- * of this version. A write that fails after the contributor ran leaves memory ahead of the
- * store until the next start, which reloads it.
+ * Per-agent aggregates in minute buckets (kept 48 h) and hour buckets (kept 400 days), and the
+ * account's sums of them in buckets of its own, kept by a record-hook contributor in the same
+ * write as each record, and held in memory so that the contributor (synchronous) and the
+ * metrics API read them without touching the disk. The store is the durable copy. At start the
+ * account's buckets and each agent's minutes and recent hours are read; an agent's older hours
+ * are read when first needed (`ready`, `prepare`). A store without aggregates of this version
+ * gets them built from its records. A write that fails after the contributor ran leaves memory
+ * ahead of the store until the next start, which reloads it.
  */
 export class Aggregates {
   readonly coll: Collection<StoredBucket>
+  readonly accountColl: Collection<StoredBucket>
   private readonly agents = new Map<string, AgentBuckets>()
+  readonly account: AgentBuckets = newBuckets(Number.NEGATIVE_INFINITY)
+  private readonly loading = new Map<string, Promise<void>>()
+  private meta: Collection<unknown> | null = null
 
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
   ) {
     this.coll = store.collection<StoredBucket>('metricsAgg')
+    this.accountColl = store.collection<StoredBucket>('metricsAccount')
   }
 
   /** The record-hook contributor: register with `gateway.hooks.add(aggregates.contributor)`. */
@@ -79,8 +101,9 @@ export class Aggregates {
     const now = this.clock.now()
     for (const d of deltas) {
       this.apply(d, now, ops)
-      this.prune(d.agentId, now, ops)
+      this.prune(d.agentId, this.agents.get(d.agentId), now, ops)
     }
+    this.prune(null, this.account, now, ops)
     return ops
   }
 
@@ -88,49 +111,77 @@ export class Aggregates {
     return [...this.agents.keys()]
   }
 
+  /** The agent's buckets in memory (its hours before `loadedFrom` are not: see `ready`). */
   agent(agentId: string): AgentBuckets | undefined {
     return this.agents.get(agentId)
   }
 
-  private agentOf(agentId: string): AgentBuckets {
-    let a = this.agents.get(agentId)
-    if (!a) this.agents.set(agentId, (a = { minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0 }))
+  /** Make the agent's hours from `from` (ms) on readable from memory: its older hours are read once. */
+  async ready(agentId: string, from: number): Promise<AgentBuckets | undefined> {
+    const a = this.agents.get(agentId)
+    if (a && from < a.loadedFrom) await this.loadOlder(agentId)
     return a
   }
 
-  private bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
-    const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
-    let b = m.get(start)
-    if (!b) m.set(start, (b = emptyBucket()))
-    return b
+  /**
+   * For the record hook's `prepare`, before a record's change is written: the hours it will
+   * touch (its creation hour, for the agent and each invoker) are brought into memory, so the
+   * synchronous contributor finds them there (a payment made paid long after it was created).
+   */
+  readonly prepare = async (record: TxRecord): Promise<void> => {
+    for (const agentId of new Set([record.agentId, ...(record.invocation?.invokers ?? [])])) await this.ready(agentId, floorTo(record.createdAt, HOUR_MS))
   }
 
-  /** Add `d` to its hour and minute buckets (those still kept), with their puts when `ops` is given. */
+  private agentOf(agentId: string): AgentBuckets {
+    let a = this.agents.get(agentId)
+    // An agent not seen at start has nothing stored: all of it is in memory.
+    if (!a) this.agents.set(agentId, (a = newBuckets(Number.NEGATIVE_INFINITY)))
+    return a
+  }
+
+  /** Add `d` to its hour and minute buckets (those still kept), the agent's and the account's, with their puts when `ops` is given. */
   private apply(d: Delta, now: number, ops?: BatchOp[]): void {
     const hourStart = floorTo(d.at, HOUR_MS)
     if (!kept('hour', hourStart, now)) return
     const a = this.agentOf(d.agentId)
-    const hour = this.bucketOf(a, 'hour', hourStart)
+    if (hourStart < a.loadedFrom) return this.late(d, now, ops)
+    const hour = bucketOf(a, 'hour', hourStart)
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
     applyDelta(hour, d, endpoint)
-    applyDelta(this.bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
-    if (ops) ops.push(this.putOp(d.agentId, 'hour', hourStart, hour))
+    applyDelta(bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
+    const acctHour = bucketOf(this.account, 'hour', hourStart)
+    applyAccount(acctHour, d, endpoint)
+    applyAccount(bucketOf(this.account, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
+    ops?.push(this.putOp(this.coll, bucketKey(d.agentId, 'hour', hourStart), hour), this.putOp(this.accountColl, accountKey('hour', hourStart), acctHour))
     const minuteStart = floorTo(d.at, MINUTE_MS)
     if (!kept('minute', minuteStart, now)) return
-    const minute = this.bucketOf(a, 'minute', minuteStart)
+    const minute = bucketOf(a, 'minute', minuteStart)
     applyDelta(minute, d, endpoint)
-    if (ops) ops.push(this.putOp(d.agentId, 'minute', minuteStart, minute))
+    const acctMinute = bucketOf(this.account, 'minute', minuteStart)
+    applyAccount(acctMinute, d, endpoint)
+    ops?.push(this.putOp(this.coll, bucketKey(d.agentId, 'minute', minuteStart), minute), this.putOp(this.accountColl, accountKey('minute', minuteStart), acctMinute))
+  }
+
+  /**
+   * A live change to an hour still only in the store (`prepare` was not called for it: it
+   * should not happen). Its bucket cannot be written without its stored state, so the version
+   * is cleared in this write (the next start rebuilds from the records) and the change is
+   * counted in memory once the agent's hours are read.
+   */
+  private late(d: Delta, now: number, ops?: BatchOp[]): void {
+    if (!ops) return
+    if (this.meta) ops.push({ type: 'del', coll: this.meta, key: AGGREGATES_META_KEY })
+    void this.loadOlder(d.agentId).then(() => this.apply(d, now))
   }
 
   /** The bucket's newest state is what gets logged (several changes in one tick write it once each, in order). */
-  private putOp(agentId: string, precision: Precision, start: number, b: Bucket): BatchOp {
-    return { type: 'put', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start), value: true, latest: () => encodeBucket(b) }
+  private putOp(coll: Collection<StoredBucket>, key: string, b: Bucket): BatchOp {
+    return { type: 'put', coll: coll as Collection<unknown>, key, value: true, latest: () => encodeBucket(b) }
   }
 
-  /** Drop the agent's buckets past retention (memory and store), at most every PRUNE_EVERY_MS. */
-  private prune(agentId: string, now: number, ops: BatchOp[]): void {
-    const a = this.agents.get(agentId)
+  /** Drop the buckets past retention (memory and store), at most every PRUNE_EVERY_MS; `agentId` null: the account's. */
+  private prune(agentId: string | null, a: AgentBuckets | undefined, now: number, ops: BatchOp[]): void {
     if (!a || now - a.prunedAt < PRUNE_EVERY_MS) return
     a.prunedAt = now
     for (const [precision, m] of [
@@ -140,109 +191,116 @@ export class Aggregates {
       for (const start of m.keys()) {
         if (kept(precision, start, now)) continue
         m.delete(start)
-        ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
+        if (agentId === null) ops.push({ type: 'del', coll: this.accountColl as Collection<unknown>, key: accountKey(precision, start) })
+        else ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
       }
     }
     for (const start of a.days.keys()) if (start + DAY_MS <= now - HOUR_RETENTION_MS) a.days.delete(start)
   }
 
-  /** Add a record as it stands (a backfill or a recount). */
+  /** Add a record as it stands (a backfill or a recount: everything in memory). */
   addRecord(r: TxRecord, now: number): void {
     for (const d of deltasOfRecord(r)) this.apply(d, now)
   }
 
   /**
-   * Load the stored aggregates, or, when the store has none of this version, build them from
+   * Read the stored aggregates, or, when the store has none of this version, build them from
    * the records (once: the version is written last, so an interrupted build starts over).
    * Call before the contributor is registered and before anything writes records.
    */
   async start(transactions: Transactions, meta: Collection<unknown>): Promise<{ backfilled: number | null; buckets: number }> {
+    this.meta = meta
     const now = this.clock.now()
     if ((await meta.get(AGGREGATES_META_KEY)) === AGGREGATES_VERSION) return { backfilled: null, buckets: await this.load(now) }
-    await this.clear()
+    await clear(this.store, this.coll as Collection<unknown>)
+    await clear(this.store, this.accountColl as Collection<unknown>)
     let n = 0
     for await (const [, r] of transactions.records.entries()) {
       this.addRecord(r, now)
       n++
     }
-    const buckets = await this.writeAll()
+    const buckets =
+      (await writeBuckets(this.store, this.coll as Collection<unknown>, this.agentBuckets())) + (await writeBuckets(this.store, this.accountColl as Collection<unknown>, this.accountBuckets('')))
     await this.store.batch([{ type: 'put', coll: meta, key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }])
     return { backfilled: n, buckets }
   }
 
+  /** The account's buckets, and every agent's minutes and hours from the UTC day two days back (what live writes touch). */
   private async load(now: number): Promise<number> {
-    let n = 0
-    const stale: BatchOp[] = []
-    for await (const [key, value] of this.coll.entries()) {
-      const k = parseBucketKey(key)
-      if (!k) continue
-      if (!kept(k.precision, k.start, now)) {
-        stale.push({ type: 'del', coll: this.coll as Collection<unknown>, key })
-        if (stale.length >= CHUNK) await this.store.batch(stale.splice(0))
-        continue
-      }
-      const a = this.agentOf(k.agentId)
-      const b = decodeBucket(value)
-      if (k.precision === 'minute') a.minutes.set(k.start, b)
-      else {
-        a.hours.set(k.start, b)
-        mergeInto(this.bucketOf(a, 'day', floorTo(k.start, DAY_MS)), b, true)
-      }
-      n++
+    let n = await readBuckets(this.store, this.accountColl, {}, parseAccountKey, now, (precision, start, b) => {
+      if (precision === 'minute') this.account.minutes.set(start, b)
+      else addHour(this.account, start, b)
+    })
+    const from = floorTo(now - MINUTE_RETENTION_MS, DAY_MS)
+    for await (const agentId of agentsIn(this.coll)) {
+      const a = newBuckets(from)
+      this.agents.set(agentId, a)
+      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'minute'), parseBucketKey, now, (_, start, b) => a.minutes.set(start, b))
+      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'hour', from), parseBucketKey, now, (_, start, b) => addHour(a, start, b))
+      await dropOldHours(this.store, this.coll, agentId, now)
     }
-    if (stale.length) await this.store.batch(stale)
     return n
   }
 
-  private async clear(): Promise<void> {
-    let ops: BatchOp[] = []
-    for await (const key of this.coll.keys()) {
-      ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key })
-      if (ops.length >= CHUNK) {
-        await this.store.batch(ops)
-        ops = []
-      }
+  /** Read the agent's hours before `loadedFrom` (once, however many ask at the same time). */
+  private loadOlder(agentId: string): Promise<void> {
+    let p = this.loading.get(agentId)
+    if (!p) {
+      p = (async () => {
+        const a = this.agentOf(agentId)
+        if (a.loadedFrom === Number.NEGATIVE_INFINITY) return
+        await readBuckets(this.store, this.coll, agentRange(agentId, 'hour', undefined, a.loadedFrom), parseBucketKey, this.clock.now(), (_, start, b) => addHour(a, start, b))
+        a.loadedFrom = Number.NEGATIVE_INFINITY
+      })().finally(() => this.loading.delete(agentId))
+      this.loading.set(agentId, p)
     }
-    if (ops.length) await this.store.batch(ops)
+    return p
   }
 
-  private async writeAll(): Promise<number> {
-    let n = 0
-    let ops: BatchOp[] = []
+  private *agentBuckets(): Iterable<[string, Bucket]> {
     for (const [agentId, a] of this.agents) {
-      for (const [precision, m] of [
-        ['minute', a.minutes],
-        ['hour', a.hours],
-      ] as const) {
-        for (const [start, b] of m) {
-          ops.push({ type: 'put', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start), value: encodeBucket(b) })
-          n++
-          if (ops.length >= CHUNK) {
-            await this.store.batch(ops)
-            ops = []
-          }
-        }
-      }
+      for (const [start, b] of a.minutes) yield [bucketKey(agentId, 'minute', start), b]
+      for (const [start, b] of a.hours) yield [bucketKey(agentId, 'hour', start), b]
     }
-    if (ops.length) await this.store.batch(ops)
-    return n
   }
 
-  /** Every bucket as stored JSON text, by key: what a recount is compared with. */
-  snapshot(): Map<string, string> {
+  private *accountBuckets(prefix: string): Iterable<[string, Bucket]> {
+    for (const [start, b] of this.account.minutes) yield [prefix + accountKey('minute', start), b]
+    for (const [start, b] of this.account.hours) yield [prefix + accountKey('hour', start), b]
+  }
+
+  /** What is in memory: agents, and buckets (minutes and hours, the account's included). */
+  stats(): { agents: number; loadedAgents: number; buckets: number } {
+    let buckets = this.account.minutes.size + this.account.hours.size
+    let loadedAgents = 0
+    for (const a of this.agents.values()) {
+      buckets += a.minutes.size + a.hours.size
+      if (a.loadedFrom === Number.NEGATIVE_INFINITY) loadedAgents++
+    }
+    return { agents: this.agents.size, loadedAgents, buckets }
+  }
+
+  /** Every bucket (the agents' and the account's) as stored JSON text, by key, every agent read in full first: what a recount is compared with. */
+  async snapshot(): Promise<Map<string, string>> {
+    for (const agentId of this.agents.keys()) await this.loadOlder(agentId)
+    return this.snapshotInMemory()
+  }
+
+  private snapshotInMemory(): Map<string, string> {
     const out = new Map<string, string>()
-    for (const [agentId, a] of this.agents) {
-      for (const [start, b] of a.minutes) out.set(bucketKey(agentId, 'minute', start), canonical(b))
-      for (const [start, b] of a.hours) out.set(bucketKey(agentId, 'hour', start), canonical(b))
-    }
+    for (const [key, b] of this.agentBuckets()) out.set(key, canonical(b))
+    for (const [key, b] of this.accountBuckets(ACCOUNT_SNAPSHOT)) out.set(key, canonical(b))
     return out
+  }
+
+  /** The aggregates a fresh count of every record gives (sessions are not records: not in it). */
+  static async recount(store: Store, transactions: Transactions, clock: Clock): Promise<Map<string, string>> {
+    const fresh = new Aggregates(store, clock)
+    const now = clock.now()
+    for await (const [, r] of transactions.records.entries()) fresh.addRecord(r, now)
+    return fresh.snapshotInMemory()
   }
 }
 
 /** The aggregates a fresh count of every record gives (sessions are not records: not in it). */
-export async function recount(store: Store, transactions: Transactions, clock: Clock): Promise<Map<string, string>> {
-  const fresh = new Aggregates(store, clock)
-  const now = clock.now()
-  for await (const [, r] of transactions.records.entries()) fresh.addRecord(r, now)
-  return fresh.snapshot()
-}
+export const recount = (store: Store, transactions: Transactions, clock: Clock): Promise<Map<string, string>> => Aggregates.recount(store, transactions, clock)

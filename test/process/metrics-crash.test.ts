@@ -21,7 +21,7 @@ async function storedAndRecounted(dataDir: string): Promise<{ stored: Map<string
     if (loaded.backfilled !== null) throw new Error('the store had no aggregates')
     let records = 0
     for await (const _ of transactions.records.keys()) records++
-    return { stored: aggregates.snapshot(), recounted: await recount(store, transactions, systemClock), records }
+    return { stored: await aggregates.snapshot(), recounted: await recount(store, transactions, systemClock), records }
   } finally {
     await store.close()
   }
