@@ -2,7 +2,7 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { accountKey, agentRange, agentsIn, bucketKey, clear, dropOldHours, parseAccountKey, parseBucketKey, readBuckets, writeBuckets } from './bucket-store.js'
+import { accountKey, agentRange, agentsIn, bucketKey, clear, dropOld, parseAccountKey, parseBucketKey, readBuckets, writeBuckets } from './bucket-store.js'
 import { addByAgent, addPaid, addRejected, emptyBucket, encodeBucket, endpointKey, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
 import { deltasOf, deltasOfRecord, type Delta } from './deltas.js'
 import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision } from './windows.js'
@@ -19,7 +19,7 @@ const PRUNE_EVERY_MS = 10 * MINUTE_MS
 const ACCOUNT_SNAPSHOT = 'account:'
 
 export interface AgentBuckets {
-  /** By bucket start (ms). */
+  /** By bucket start (ms): the minutes from `minutesFrom` on (all of them once read). */
   minutes: Map<number, Bucket>
   /** The hours from `loadedFrom` on (all of them once the agent is loaded). */
   hours: Map<number, Bucket>
@@ -28,9 +28,14 @@ export interface AgentBuckets {
   prunedAt: number
   /** Hours before this (a UTC day start) are still only in the store; -Infinity: every hour is in memory. */
   loadedFrom: number
+  /** The same for minutes (an hour start). */
+  minutesFrom: number
 }
 
-const newBuckets = (loadedFrom: number): AgentBuckets => ({ minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0, loadedFrom })
+const ALL = Number.NEGATIVE_INFINITY
+const newBuckets = (loadedFrom: number, minutesFrom = loadedFrom): AgentBuckets => ({ minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0, loadedFrom, minutesFrom })
+/** Read at start: minutes from the hour before the current one, hours from the UTC day two days back (what live writes touch). */
+const EAGER_MINUTES_MS = HOUR_MS
 
 const NONE: readonly BatchOp[] = Object.freeze([])
 
@@ -81,7 +86,7 @@ export class Aggregates {
   readonly coll: Collection<StoredBucket>
   readonly accountColl: Collection<StoredBucket>
   private readonly agents = new Map<string, AgentBuckets>()
-  readonly account: AgentBuckets = newBuckets(Number.NEGATIVE_INFINITY)
+  readonly account: AgentBuckets = newBuckets(ALL)
   private readonly loading = new Map<string, Promise<void>>()
   private meta: Collection<unknown> | null = null
 
@@ -116,10 +121,14 @@ export class Aggregates {
     return this.agents.get(agentId)
   }
 
-  /** Make the agent's hours from `from` (ms) on readable from memory: its older hours are read once. */
-  async ready(agentId: string, from: number): Promise<AgentBuckets | undefined> {
+  /**
+   * Make the agent's buckets from `from` (ms) on readable from memory: its older hours (and
+   * minutes, for a minute-exact span) are read from the store once.
+   */
+  async ready(agentId: string, from: number, precision: Precision = 'minute'): Promise<AgentBuckets | undefined> {
     const a = this.agents.get(agentId)
-    if (a && from < a.loadedFrom) await this.loadOlder(agentId)
+    if (a && from < a.loadedFrom) await this.loadOlder(agentId, 'hour')
+    if (a && precision === 'minute' && from < a.minutesFrom) await this.loadOlder(agentId, 'minute')
     return a
   }
 
@@ -129,13 +138,13 @@ export class Aggregates {
    * synchronous contributor finds them there (a payment made paid long after it was created).
    */
   readonly prepare = async (record: TxRecord): Promise<void> => {
-    for (const agentId of new Set([record.agentId, ...(record.invocation?.invokers ?? [])])) await this.ready(agentId, floorTo(record.createdAt, HOUR_MS))
+    for (const agentId of new Set([record.agentId, ...(record.invocation?.invokers ?? [])])) await this.ready(agentId, floorTo(record.createdAt, MINUTE_MS))
   }
 
   private agentOf(agentId: string): AgentBuckets {
     let a = this.agents.get(agentId)
     // An agent not seen at start has nothing stored: all of it is in memory.
-    if (!a) this.agents.set(agentId, (a = newBuckets(Number.NEGATIVE_INFINITY)))
+    if (!a) this.agents.set(agentId, (a = newBuckets(ALL)))
     return a
   }
 
@@ -144,7 +153,8 @@ export class Aggregates {
     const hourStart = floorTo(d.at, HOUR_MS)
     if (!kept('hour', hourStart, now)) return
     const a = this.agentOf(d.agentId)
-    if (hourStart < a.loadedFrom) return this.late(d, now, ops)
+    const minuteStart = floorTo(d.at, MINUTE_MS)
+    if (hourStart < a.loadedFrom || (minuteStart < a.minutesFrom && kept('minute', minuteStart, now))) return this.late(d, now, ops)
     const hour = bucketOf(a, 'hour', hourStart)
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
@@ -154,7 +164,6 @@ export class Aggregates {
     applyAccount(acctHour, d, endpoint)
     applyAccount(bucketOf(this.account, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
     ops?.push(this.putOp(this.coll, bucketKey(d.agentId, 'hour', hourStart), hour), this.putOp(this.accountColl, accountKey('hour', hourStart), acctHour))
-    const minuteStart = floorTo(d.at, MINUTE_MS)
     if (!kept('minute', minuteStart, now)) return
     const minute = bucketOf(a, 'minute', minuteStart)
     applyDelta(minute, d, endpoint)
@@ -172,7 +181,9 @@ export class Aggregates {
   private late(d: Delta, now: number, ops?: BatchOp[]): void {
     if (!ops) return
     if (this.meta) ops.push({ type: 'del', coll: this.meta, key: AGGREGATES_META_KEY })
-    void this.loadOlder(d.agentId).then(() => this.apply(d, now))
+    void this.loadOlder(d.agentId, 'hour')
+      .then(() => this.loadOlder(d.agentId, 'minute'))
+      .then(() => this.apply(d, now))
   }
 
   /** The bucket's newest state is what gets logged (several changes in one tick write it once each, in order). */
@@ -232,27 +243,36 @@ export class Aggregates {
       else addHour(this.account, start, b)
     })
     const from = floorTo(now - MINUTE_RETENTION_MS, DAY_MS)
+    const minutesFrom = floorTo(now - EAGER_MINUTES_MS, HOUR_MS)
     for await (const agentId of agentsIn(this.coll)) {
-      const a = newBuckets(from)
+      const a = newBuckets(from, minutesFrom)
       this.agents.set(agentId, a)
-      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'minute'), parseBucketKey, now, (_, start, b) => a.minutes.set(start, b))
+      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'minute', minutesFrom), parseBucketKey, now, (_, start, b) => a.minutes.set(start, b))
       n += await readBuckets(this.store, this.coll, agentRange(agentId, 'hour', from), parseBucketKey, now, (_, start, b) => addHour(a, start, b))
-      await dropOldHours(this.store, this.coll, agentId, now)
+      await dropOld(this.store, this.coll, agentId, 'minute', now)
+      await dropOld(this.store, this.coll, agentId, 'hour', now)
     }
     return n
   }
 
-  /** Read the agent's hours before `loadedFrom` (once, however many ask at the same time). */
-  private loadOlder(agentId: string): Promise<void> {
-    let p = this.loading.get(agentId)
+  /** Read the agent's hours before `loadedFrom`, or minutes before `minutesFrom` (once, however many ask at the same time). */
+  private loadOlder(agentId: string, precision: Precision): Promise<void> {
+    const key = `${precision}\x00${agentId}`
+    let p = this.loading.get(key)
     if (!p) {
       p = (async () => {
         const a = this.agentOf(agentId)
-        if (a.loadedFrom === Number.NEGATIVE_INFINITY) return
-        await readBuckets(this.store, this.coll, agentRange(agentId, 'hour', undefined, a.loadedFrom), parseBucketKey, this.clock.now(), (_, start, b) => addHour(a, start, b))
-        a.loadedFrom = Number.NEGATIVE_INFINITY
-      })().finally(() => this.loading.delete(agentId))
-      this.loading.set(agentId, p)
+        const hours = precision === 'hour'
+        const to = hours ? a.loadedFrom : a.minutesFrom
+        if (to === ALL) return
+        await readBuckets(this.store, this.coll, agentRange(agentId, precision, undefined, to), parseBucketKey, this.clock.now(), (_, start, b) => {
+          if (hours) addHour(a, start, b)
+          else a.minutes.set(start, b)
+        })
+        if (hours) a.loadedFrom = ALL
+        else a.minutesFrom = ALL
+      })().finally(() => this.loading.delete(key))
+      this.loading.set(key, p)
     }
     return p
   }
@@ -275,14 +295,17 @@ export class Aggregates {
     let loadedAgents = 0
     for (const a of this.agents.values()) {
       buckets += a.minutes.size + a.hours.size
-      if (a.loadedFrom === Number.NEGATIVE_INFINITY) loadedAgents++
+      if (a.loadedFrom === ALL && a.minutesFrom === ALL) loadedAgents++
     }
     return { agents: this.agents.size, loadedAgents, buckets }
   }
 
   /** Every bucket (the agents' and the account's) as stored JSON text, by key, every agent read in full first: what a recount is compared with. */
   async snapshot(): Promise<Map<string, string>> {
-    for (const agentId of this.agents.keys()) await this.loadOlder(agentId)
+    for (const agentId of this.agents.keys()) {
+      await this.loadOlder(agentId, 'hour')
+      await this.loadOlder(agentId, 'minute')
+    }
     return this.snapshotInMemory()
   }
 

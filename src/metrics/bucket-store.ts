@@ -1,6 +1,6 @@
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { type Bucket, decodeBucket, encodeBucket, type StoredBucket } from './buckets.js'
-import { HOUR_RETENTION_MS, kept, type Precision, sizeOf } from './windows.js'
+import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } from './windows.js'
 
 /**
  * Where the aggregates' buckets live in the store and how they are read back in ranges: per
@@ -107,10 +107,11 @@ export async function* agentsIn(coll: Collection<StoredBucket>): AsyncIterable<s
   }
 }
 
-/** Delete an agent's hour buckets past retention without reading them (keys only). */
-export async function dropOldHours(store: Store, coll: Collection<StoredBucket>, agentId: string, now: number): Promise<void> {
+/** Delete an agent's buckets of `precision` past retention without reading them (keys only). */
+export async function dropOld(store: Store, coll: Collection<StoredBucket>, agentId: string, precision: Precision, now: number): Promise<void> {
   const stale = new Deleter(store, coll as Collection<unknown>)
-  for await (const key of coll.keys(agentRange(agentId, 'hour', 0, now - HOUR_RETENTION_MS))) await stale.del(key)
+  const retention = precision === 'minute' ? MINUTE_RETENTION_MS : HOUR_RETENTION_MS
+  for await (const key of coll.keys(agentRange(agentId, precision, 0, now - retention))) await stale.del(key)
   await stale.done()
 }
 

@@ -201,7 +201,7 @@ t.test('a store with records and no aggregates is built at start; with them, loa
   const again = new Aggregates(store, clock)
   const loaded = await again.start(transactions, meta)
   t.equal(loaded.backfilled, null, 'built once: the next start loads')
-  t.equal(loaded.buckets, built.buckets)
+  t.ok(loaded.buckets > 0 && loaded.buckets <= built.buckets, 'at start the recent buckets are read (the rest when first needed)')
   t.same([...(await again.snapshot())].sort(), [...(await recount(store, transactions, clock))].sort())
 })
 
