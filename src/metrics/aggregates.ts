@@ -2,8 +2,8 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { accountKey, agentRange, agentsIn, bucketKey, clear, dropOld, parseAccountKey, parseBucketKey, readBuckets, writeBuckets } from './bucket-store.js'
-import { addByAgent, addPaid, addRejected, emptyBucket, encodeBucket, endpointKey, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
+import { accountKey, accountPartKey, agentRange, agentsIn, bucketKey, clear, dropOld, parseBucketKey, readAccount, readBuckets, writeValues } from './bucket-store.js'
+import { addByAgent, addPaid, addRejected, emptyBucket, encodeBucket, endpointKey, mergeInto, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
 import { deltasOf, deltasOfRecord, type Delta } from './deltas.js'
 import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision } from './windows.js'
 
@@ -84,7 +84,7 @@ function addHour(a: AgentBuckets, start: number, b: Bucket): void {
  */
 export class Aggregates {
   readonly coll: Collection<StoredBucket>
-  readonly accountColl: Collection<StoredBucket>
+  readonly accountColl: Collection<unknown>
   private readonly agents = new Map<string, AgentBuckets>()
   readonly account: AgentBuckets = newBuckets(ALL)
   private readonly loading = new Map<string, Promise<void>>()
@@ -95,7 +95,7 @@ export class Aggregates {
     private readonly clock: Clock,
   ) {
     this.coll = store.collection<StoredBucket>('metricsAgg')
-    this.accountColl = store.collection<StoredBucket>('metricsAccount')
+    this.accountColl = store.collection<unknown>('metricsAccount')
   }
 
   /** The record-hook contributor: register with `gateway.hooks.add(aggregates.contributor)`. */
@@ -163,13 +163,13 @@ export class Aggregates {
     const acctHour = bucketOf(this.account, 'hour', hourStart)
     applyAccount(acctHour, d, endpoint)
     applyAccount(bucketOf(this.account, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
-    ops?.push(this.putOp(this.coll, bucketKey(d.agentId, 'hour', hourStart), hour), this.putOp(this.accountColl, accountKey('hour', hourStart), acctHour))
+    if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'hour', hourStart), hour), ...this.accountOps('hour', hourStart, acctHour, d, endpoint))
     if (!kept('minute', minuteStart, now)) return
     const minute = bucketOf(a, 'minute', minuteStart)
     applyDelta(minute, d, endpoint)
     const acctMinute = bucketOf(this.account, 'minute', minuteStart)
     applyAccount(acctMinute, d, endpoint)
-    ops?.push(this.putOp(this.coll, bucketKey(d.agentId, 'minute', minuteStart), minute), this.putOp(this.accountColl, accountKey('minute', minuteStart), acctMinute))
+    if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'minute', minuteStart), minute), ...this.accountOps('minute', minuteStart, acctMinute, d, endpoint))
   }
 
   /**
@@ -187,8 +187,27 @@ export class Aggregates {
   }
 
   /** The bucket's newest state is what gets logged (several changes in one tick write it once each, in order). */
-  private putOp(coll: Collection<StoredBucket>, key: string, b: Bucket): BatchOp {
-    return { type: 'put', coll: coll as Collection<unknown>, key, value: true, latest: () => encodeBucket(b) }
+  private putOp(key: string, b: Bucket): BatchOp {
+    return { type: 'put', coll: this.coll as Collection<unknown>, key, value: true, latest: () => encodeBucket(b) }
+  }
+
+  /** The account bucket without its maps, and the one endpoint and by-agent entry a payment changed (each its own key). */
+  private accountOps(precision: Precision, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
+    const coll = this.accountColl
+    const entry = (m: Map<string, EndpointTotals> | undefined, name: string) => () => totalsEntry(m!.get(name)!)
+    const ops: BatchOp[] = [{ type: 'put', coll, key: accountKey(precision, start), value: true, latest: () => encodeBucket(b, false) }]
+    if (d.kind !== 'paid') return ops
+    ops.push({ type: 'put', coll, key: accountPartKey(precision, start, 'e', endpoint), value: true, latest: entry(b.endpoints, endpoint) })
+    ops.push({ type: 'put', coll, key: accountPartKey(precision, start, 'a', d.agentId), value: true, latest: entry(b.byAgent, d.agentId) })
+    return ops
+  }
+
+  private accountDels(precision: Precision, start: number, b: Bucket): BatchOp[] {
+    const del = (key: string): BatchOp => ({ type: 'del', coll: this.accountColl, key })
+    const out = [del(accountKey(precision, start))]
+    for (const name of b.endpoints.keys()) out.push(del(accountPartKey(precision, start, 'e', name)))
+    for (const name of b.byAgent?.keys() ?? []) out.push(del(accountPartKey(precision, start, 'a', name)))
+    return out
   }
 
   /** Drop the buckets past retention (memory and store), at most every PRUNE_EVERY_MS; `agentId` null: the account's. */
@@ -199,10 +218,10 @@ export class Aggregates {
       ['minute', a.minutes],
       ['hour', a.hours],
     ] as const) {
-      for (const start of m.keys()) {
+      for (const [start, b] of m) {
         if (kept(precision, start, now)) continue
         m.delete(start)
-        if (agentId === null) ops.push({ type: 'del', coll: this.accountColl as Collection<unknown>, key: accountKey(precision, start) })
+        if (agentId === null) ops.push(...this.accountDels(precision, start, b))
         else ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
       }
     }
@@ -224,21 +243,20 @@ export class Aggregates {
     const now = this.clock.now()
     if ((await meta.get(AGGREGATES_META_KEY)) === AGGREGATES_VERSION) return { backfilled: null, buckets: await this.load(now) }
     await clear(this.store, this.coll as Collection<unknown>)
-    await clear(this.store, this.accountColl as Collection<unknown>)
+    await clear(this.store, this.accountColl)
     let n = 0
     for await (const [, r] of transactions.records.entries()) {
       this.addRecord(r, now)
       n++
     }
-    const buckets =
-      (await writeBuckets(this.store, this.coll as Collection<unknown>, this.agentBuckets())) + (await writeBuckets(this.store, this.accountColl as Collection<unknown>, this.accountBuckets('')))
+    const buckets = (await writeValues(this.store, this.coll as Collection<unknown>, this.encoded(this.agentBuckets()))) + (await this.writeAccount())
     await this.store.batch([{ type: 'put', coll: meta, key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }])
     return { backfilled: n, buckets }
   }
 
   /** The account's buckets, and every agent's minutes and hours from the UTC day two days back (what live writes touch). */
   private async load(now: number): Promise<number> {
-    let n = await readBuckets(this.store, this.accountColl, {}, parseAccountKey, now, (precision, start, b) => {
+    let n = await readAccount(this.store, this.accountColl, now, (precision, start, b) => {
       if (precision === 'minute') this.account.minutes.set(start, b)
       else addHour(this.account, start, b)
     })
@@ -282,6 +300,28 @@ export class Aggregates {
       for (const [start, b] of a.minutes) yield [bucketKey(agentId, 'minute', start), b]
       for (const [start, b] of a.hours) yield [bucketKey(agentId, 'hour', start), b]
     }
+  }
+
+  private *encoded(buckets: Iterable<[string, Bucket]>): Iterable<[string, StoredBucket]> {
+    for (const [key, b] of buckets) yield [key, encodeBucket(b)]
+  }
+
+  /** The account's buckets as the contributor writes them (each map entry its own key); returns how many buckets. */
+  private async writeAccount(): Promise<number> {
+    const values = function* (account: AgentBuckets): Iterable<[string, unknown]> {
+      for (const [precision, m] of [
+        ['minute', account.minutes],
+        ['hour', account.hours],
+      ] as const) {
+        for (const [start, b] of m) {
+          yield [accountKey(precision, start), encodeBucket(b, false)]
+          for (const [name, e] of b.endpoints) yield [accountPartKey(precision, start, 'e', name), totalsEntry(e)]
+          for (const [name, e] of b.byAgent ?? []) yield [accountPartKey(precision, start, 'a', name), totalsEntry(e)]
+        }
+      }
+    }
+    await writeValues(this.store, this.accountColl, values(this.account))
+    return this.account.minutes.size + this.account.hours.size
   }
 
   private *accountBuckets(prefix: string): Iterable<[string, Bucket]> {

@@ -1,5 +1,5 @@
 import type { BatchOp, Collection, Store } from '../store/index.js'
-import { type Bucket, decodeBucket, encodeBucket, type StoredBucket } from './buckets.js'
+import { type Bucket, decodeBucket, emptyBucket, type StoredBucket } from './buckets.js'
 import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } from './windows.js'
 
 /**
@@ -35,9 +35,19 @@ export function parseBucketKey(key: string): { agentId: string; precision: Preci
   return { agentId: key.slice(0, i), precision, start: Number.parseInt(key.slice(j + 1), 36) * sizeOf(precision) }
 }
 
-export function parseAccountKey(key: string): { precision: Precision; start: number } | null {
-  const k = parseBucketKey(`_\x00${key}`)
-  return k && { precision: k.precision, start: k.start }
+/** An entry of an account bucket's endpoint (`e`) or by-agent (`a`) map, under its own key (a change rewrites one entry, not the map). */
+export function accountPartKey(precision: Precision, start: number, kind: 'e' | 'a', name: string): string {
+  return `${accountKey(precision, start)}\x00${kind}${name}`
+}
+
+export function parseAccountKey(key: string): { precision: Precision; start: number; part?: ['e' | 'a', string] } | null {
+  if (key[1] !== '\x00' || (key[0] !== 'm' && key[0] !== 'h')) return null
+  const precision: Precision = key[0] === 'm' ? 'minute' : 'hour'
+  const j = key.indexOf('\x00', 2)
+  const start = Number.parseInt(key.slice(2, j < 0 ? undefined : j), 36) * sizeOf(precision)
+  if (j < 0) return { precision, start }
+  const kind = key[j + 1]
+  return kind === 'e' || kind === 'a' ? { precision, start, part: [kind, key.slice(j + 2)] } : null
 }
 
 /** The key range of one agent's buckets of one precision, from `from` (ms, inclusive) to `to` (exclusive). */
@@ -122,12 +132,12 @@ export async function clear(store: Store, coll: Collection<unknown>): Promise<vo
   await d.done()
 }
 
-/** Write `[key, bucket]` pairs in slices of CHUNK; returns how many. */
-export async function writeBuckets(store: Store, coll: Collection<unknown>, buckets: Iterable<[string, Bucket]>): Promise<number> {
+/** Write `[key, value]` pairs in slices of CHUNK; returns how many. */
+export async function writeValues(store: Store, coll: Collection<unknown>, values: Iterable<[string, unknown]>): Promise<number> {
   let n = 0
   let ops: BatchOp[] = []
-  for (const [key, b] of buckets) {
-    ops.push({ type: 'put', coll, key, value: encodeBucket(b) })
+  for (const [key, value] of values) {
+    ops.push({ type: 'put', coll, key, value })
     n++
     if (ops.length >= CHUNK) {
       await store.batch(ops)
@@ -135,5 +145,41 @@ export async function writeBuckets(store: Store, coll: Collection<unknown>, buck
     }
   }
   if (ops.length) await store.batch(ops)
+  return n
+}
+
+/**
+ * Read the account's buckets (each a key of its own and one key per endpoint and by-agent
+ * entry), handing each still kept at `now` to `onBucket` whole; those past retention are deleted.
+ */
+export async function readAccount(store: Store, coll: Collection<unknown>, now: number, onBucket: (precision: Precision, start: number, b: Bucket) => void): Promise<number> {
+  const stale = new Deleter(store, coll)
+  let current: { precision: Precision; start: number; b: Bucket } | null = null
+  let n = 0
+  const done = (): void => {
+    if (current) onBucket(current.precision, current.start, current.b)
+    current = null
+  }
+  // A bucket's key sorts just before its entries' keys.
+  for await (const [key, value] of coll.entries()) {
+    const k = parseAccountKey(key)
+    if (!k) continue
+    if (!kept(k.precision, k.start, now)) {
+      await stale.del(key)
+      continue
+    }
+    if (!current || current.precision !== k.precision || current.start !== k.start) {
+      done()
+      current = { precision: k.precision, start: k.start, b: k.part ? emptyBucket() : decodeBucket(value as StoredBucket) }
+      n++
+    }
+    if (k.part) {
+      const [spend, count] = value as [string, number]
+      const m = k.part[0] === 'e' ? current.b.endpoints : (current.b.byAgent ??= new Map())
+      m.set(k.part[1], { spend: BigInt(spend), n: count })
+    }
+  }
+  done()
+  await stale.done()
   return n
 }

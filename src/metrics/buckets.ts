@@ -156,9 +156,11 @@ export interface StoredBucket {
   a?: Record<string, [string, number]>
 }
 
+export const totalsEntry = (e: EndpointTotals): [string, number] => [e.spend.toString(), e.n]
+
 const totalsOut = (m: Map<string, EndpointTotals>): Record<string, [string, number]> => {
   const out: Record<string, [string, number]> = {}
-  for (const [k, v] of m) out[k] = [v.spend.toString(), v.n]
+  for (const [k, v] of m) out[k] = totalsEntry(v)
   return out
 }
 
@@ -169,7 +171,8 @@ function totalsIn(m: Map<string, EndpointTotals>, s: Record<string, [string, num
   }
 }
 
-export function encodeBucket(b: Bucket): StoredBucket {
+/** `maps` false: without the endpoint and by-agent maps (the account stores each entry under its own key). */
+export function encodeBucket(b: Bucket, maps = true): StoredBucket {
   const out: StoredBucket = {}
   if (b.paid) {
     out.p = b.paid
@@ -178,8 +181,8 @@ export function encodeBucket(b: Bucket): StoredBucket {
     out.m = b.mpp
     out.mx = b.max.toString()
     out.l = b.latency
-    out.e = totalsOut(b.endpoints)
-    if (b.byAgent) out.a = totalsOut(b.byAgent)
+    if (maps) out.e = totalsOut(b.endpoints)
+    if (maps && b.byAgent) out.a = totalsOut(b.byAgent)
   }
   if (Object.keys(b.rejected).length) out.r = b.rejected
   if (b.sessions) out.sc = b.sessions
