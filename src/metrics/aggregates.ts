@@ -9,8 +9,8 @@ import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RE
 
 export { bucketKey, parseBucketKey } from './bucket-store.js'
 
-/** Bump when what is stored changes: a store whose aggregates are older is backfilled again. 2: the account's buckets. */
-export const AGGREGATES_VERSION = 2
+/** Bump when what is stored changes: a store whose aggregates are older is backfilled again. 3: the account's buckets (its map entries under keys of their own). */
+export const AGGREGATES_VERSION = 3
 /** The `meta` entry holding the version the stored aggregates were built with. */
 export const AGGREGATES_META_KEY = 'metricsAggregates'
 /** Retention is enforced per agent at most this often (its minute buckets are walked). */
