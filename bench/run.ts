@@ -36,6 +36,7 @@ const onRequest: Record<string, () => Promise<void>> = {
       maxFillMs: 900_000,
       calls: 400,
       maxCallMs: 60_000,
+      ...(process.env.BENCH_METRICS_DIR ? { keepDir: process.env.BENCH_METRICS_DIR } : {}),
     }),
 }
 

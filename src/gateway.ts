@@ -245,6 +245,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const invocations = new InvocationBook(l.store)
   hooks.add(invocations.contributor)
   hooks.add(l.aggregates.contributor)
+  hooks.addPreparer(l.aggregates.prepare)
   const rails = railsOf(config, opts)
   const settings = mppSettings(config)
   const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)

@@ -119,6 +119,7 @@ export class Recorder {
   ): Promise<PayOutcome> {
     const now = this.d.clock.now()
     const policy = await this.d.policies.policyOf(rec.agentId)
+    await this.d.hooks.prepare(rec)
     let before = 0n
     let after = 0n
     const { result: recording } = await this.usage(rec.agentId, async (usage) => {

@@ -21,6 +21,9 @@ export type RecordChange =
 /** Returns store operations to write in the same atomic batch as the record (aggregates, an event outbox entry). */
 export type RecordContributor = (change: RecordChange) => BatchOp[]
 
+/** Reads, before a record's change is written, what a contributor will need in memory to add to that write. */
+export type RecordPreparer = (record: TxRecord) => Promise<void>
+
 const NONE: readonly BatchOp[] = Object.freeze([])
 
 /**
@@ -31,6 +34,19 @@ const NONE: readonly BatchOp[] = Object.freeze([])
  */
 export class RecordHooks {
   private contributors: RecordContributor[] = []
+  private preparers: RecordPreparer[] = []
+
+  /** `prepare` is awaited by the engine before a change of a record it did not just create (a payment made paid). */
+  addPreparer(preparer: RecordPreparer): () => void {
+    this.preparers = [...this.preparers, preparer]
+    return () => {
+      this.preparers = this.preparers.filter((p) => p !== preparer)
+    }
+  }
+
+  async prepare(record: TxRecord): Promise<void> {
+    for (const p of this.preparers) await p(record)
+  }
 
   add(contributor: RecordContributor): () => void {
     this.contributors = [...this.contributors, contributor]

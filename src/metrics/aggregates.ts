@@ -2,26 +2,40 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { addPaid, addRejected, decodeBucket, emptyBucket, encodeBucket, endpointKey, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
+import { accountKey, accountPartKey, agentRange, agentsIn, bucketKey, clear, dropOld, parseBucketKey, readAccount, readBuckets, writeValues } from './bucket-store.js'
+import { addByAgent, addPaid, addRejected, emptyBucket, encodeBucket, endpointKey, mergeInto, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
 import { deltasOf, deltasOfRecord, type Delta } from './deltas.js'
-import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, sizeOf, type Precision } from './windows.js'
+import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision } from './windows.js'
 
-/** Bump when what a bucket holds changes: a store whose aggregates are older is backfilled again. */
-export const AGGREGATES_VERSION = 1
+export { bucketKey, parseBucketKey } from './bucket-store.js'
+
+/** Bump when what is stored changes: a store whose aggregates are older is backfilled again. 3: the account's buckets (its map entries under keys of their own). */
+export const AGGREGATES_VERSION = 3
 /** The `meta` entry holding the version the stored aggregates were built with. */
 export const AGGREGATES_META_KEY = 'metricsAggregates'
 /** Retention is enforced per agent at most this often (its minute buckets are walked). */
 const PRUNE_EVERY_MS = 10 * MINUTE_MS
-const CHUNK = 1000
+/** The account's key prefix in `snapshot()` (agent ids cannot hold `:`). */
+const ACCOUNT_SNAPSHOT = 'account:'
 
 export interface AgentBuckets {
-  /** By bucket start (ms). */
+  /** By bucket start (ms): the minutes from `minutesFrom` on (all of them once read). */
   minutes: Map<number, Bucket>
+  /** The hours from `loadedFrom` on (all of them once the agent is loaded). */
   hours: Map<number, Bucket>
-  /** The hours summed by UTC day, in memory only (rebuilt at load): long windows read days. */
+  /** The hours summed by UTC day, in memory only: long windows read days. Whole for days from `loadedFrom` on. */
   days: Map<number, Bucket>
   prunedAt: number
+  /** Hours before this (a UTC day start) are still only in the store; -Infinity: every hour is in memory. */
+  loadedFrom: number
+  /** The same for minutes (an hour start). */
+  minutesFrom: number
 }
+
+const ALL = Number.NEGATIVE_INFINITY
+const newBuckets = (loadedFrom: number, minutesFrom = loadedFrom): AgentBuckets => ({ minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0, loadedFrom, minutesFrom })
+/** Read at start: minutes from the hour before the current one, hours from the UTC day two days back (what live writes touch). */
+const EAGER_MINUTES_MS = HOUR_MS
 
 const NONE: readonly BatchOp[] = Object.freeze([])
 
@@ -29,20 +43,7 @@ const NONE: readonly BatchOp[] = Object.freeze([])
 function canonical(b: Bucket): string {
   const s = encodeBucket(b)
   const sorted = <T>(o: Record<string, T> | undefined) => (o ? Object.fromEntries(Object.entries(o).sort(([a], [c]) => (a < c ? -1 : a > c ? 1 : 0))) : undefined)
-  return JSON.stringify({ ...s, r: sorted(s.r), e: sorted(s.e) })
-}
-
-/** `<agentId>\0m|h\0<start in buckets, base 36>`: sorted per agent and precision. */
-export function bucketKey(agentId: string, precision: Precision, start: number): string {
-  return `${agentId}\x00${precision === 'minute' ? 'm' : 'h'}\x00${(start / sizeOf(precision)).toString(36).padStart(8, '0')}`
-}
-
-export function parseBucketKey(key: string): { agentId: string; precision: Precision; start: number } | null {
-  const j = key.lastIndexOf('\x00')
-  const i = key.lastIndexOf('\x00', j - 1)
-  if (i <= 0) return null
-  const precision: Precision = key.slice(i + 1, j) === 'm' ? 'minute' : 'hour'
-  return { agentId: key.slice(0, i), precision, start: Number.parseInt(key.slice(j + 1), 36) * sizeOf(precision) }
+  return JSON.stringify({ ...s, r: sorted(s.r), e: sorted(s.e), a: sorted(s.a) })
 }
 
 function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
@@ -52,23 +53,49 @@ function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
   else b.delegated += d.amount
 }
 
+/** The account's bucket counts the delta as the agent's does, and the payment in `by_agent`. */
+function applyAccount(b: Bucket, d: Delta, endpoint: string): void {
+  applyDelta(b, d, endpoint)
+  if (d.kind === 'paid') addByAgent(b, d.agentId, d.amount)
+}
+
+function bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
+  const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
+  let b = m.get(start)
+  if (!b) m.set(start, (b = emptyBucket()))
+  return b
+}
+
+/** Put `b` (an hour) into `a` with its day sum. */
+function addHour(a: AgentBuckets, start: number, b: Bucket): void {
+  a.hours.set(start, b)
+  mergeInto(bucketOf(a, 'day', floorTo(start, DAY_MS)), b, true)
+}
+
 /**
- * Per-agent aggregates in minute buckets (kept 48 h) and hour buckets (kept 400 days), kept
- * by a record-hook contributor in the same write as each record, and held in memory so that
- * the contributor (synchronous) and the metrics API read them without touching the disk. The
- * store is the durable copy: loaded at start, or built once from the records when it has none
- * of this version. A write that fails after the contributor ran leaves memory ahead of the
- * store until the next start, which reloads it.
+ * Per-agent aggregates in minute buckets (kept 48 h) and hour buckets (kept 400 days), and the
+ * account's sums of them in buckets of its own, kept by a record-hook contributor in the same
+ * write as each record, and held in memory so that the contributor (synchronous) and the
+ * metrics API read them without touching the disk. The store is the durable copy. At start the
+ * account's buckets and each agent's minutes and recent hours are read; an agent's older hours
+ * are read when first needed (`ready`, `prepare`). A store without aggregates of this version
+ * gets them built from its records. A write that fails after the contributor ran leaves memory
+ * ahead of the store until the next start, which reloads it.
  */
 export class Aggregates {
   readonly coll: Collection<StoredBucket>
+  readonly accountColl: Collection<unknown>
   private readonly agents = new Map<string, AgentBuckets>()
+  readonly account: AgentBuckets = newBuckets(ALL)
+  private readonly loading = new Map<string, Promise<void>>()
+  private meta: Collection<unknown> | null = null
 
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
   ) {
     this.coll = store.collection<StoredBucket>('metricsAgg')
+    this.accountColl = store.collection<unknown>('metricsAccount')
   }
 
   /** The record-hook contributor: register with `gateway.hooks.add(aggregates.contributor)`. */
@@ -79,8 +106,9 @@ export class Aggregates {
     const now = this.clock.now()
     for (const d of deltas) {
       this.apply(d, now, ops)
-      this.prune(d.agentId, now, ops)
+      this.prune(d.agentId, this.agents.get(d.agentId), now, ops)
     }
+    this.prune(null, this.account, now, ops)
     return ops
   }
 
@@ -88,161 +116,254 @@ export class Aggregates {
     return [...this.agents.keys()]
   }
 
+  /** The agent's buckets in memory (its hours before `loadedFrom` are not: see `ready`). */
   agent(agentId: string): AgentBuckets | undefined {
     return this.agents.get(agentId)
   }
 
-  private agentOf(agentId: string): AgentBuckets {
-    let a = this.agents.get(agentId)
-    if (!a) this.agents.set(agentId, (a = { minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0 }))
+  /**
+   * Make the agent's buckets from `from` (ms) on readable from memory: its older hours (and
+   * minutes, for a minute-exact span) are read from the store once.
+   */
+  async ready(agentId: string, from: number, precision: Precision = 'minute'): Promise<AgentBuckets | undefined> {
+    const a = this.agents.get(agentId)
+    if (a && from < a.loadedFrom) await this.loadOlder(agentId, 'hour')
+    if (a && precision === 'minute' && from < a.minutesFrom) await this.loadOlder(agentId, 'minute')
     return a
   }
 
-  private bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
-    const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
-    let b = m.get(start)
-    if (!b) m.set(start, (b = emptyBucket()))
-    return b
+  /**
+   * For the record hook's `prepare`, before a record's change is written: the hours it will
+   * touch (its creation hour, for the agent and each invoker) are brought into memory, so the
+   * synchronous contributor finds them there (a payment made paid long after it was created).
+   */
+  readonly prepare = async (record: TxRecord): Promise<void> => {
+    for (const agentId of new Set([record.agentId, ...(record.invocation?.invokers ?? [])])) await this.ready(agentId, floorTo(record.createdAt, MINUTE_MS))
   }
 
-  /** Add `d` to its hour and minute buckets (those still kept), with their puts when `ops` is given. */
+  private agentOf(agentId: string): AgentBuckets {
+    let a = this.agents.get(agentId)
+    // An agent not seen at start has nothing stored: all of it is in memory.
+    if (!a) this.agents.set(agentId, (a = newBuckets(ALL)))
+    return a
+  }
+
+  /** Add `d` to its hour and minute buckets (those still kept), the agent's and the account's, with their puts when `ops` is given. */
   private apply(d: Delta, now: number, ops?: BatchOp[]): void {
     const hourStart = floorTo(d.at, HOUR_MS)
     if (!kept('hour', hourStart, now)) return
     const a = this.agentOf(d.agentId)
-    const hour = this.bucketOf(a, 'hour', hourStart)
+    const minuteStart = floorTo(d.at, MINUTE_MS)
+    if (hourStart < a.loadedFrom || (minuteStart < a.minutesFrom && kept('minute', minuteStart, now))) return this.late(d, now, ops)
+    const hour = bucketOf(a, 'hour', hourStart)
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
     applyDelta(hour, d, endpoint)
-    applyDelta(this.bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
-    if (ops) ops.push(this.putOp(d.agentId, 'hour', hourStart, hour))
-    const minuteStart = floorTo(d.at, MINUTE_MS)
+    applyDelta(bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
+    const acctHour = bucketOf(this.account, 'hour', hourStart)
+    applyAccount(acctHour, d, endpoint)
+    applyAccount(bucketOf(this.account, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
+    if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'hour', hourStart), hour), ...this.accountOps('hour', hourStart, acctHour, d, endpoint))
     if (!kept('minute', minuteStart, now)) return
-    const minute = this.bucketOf(a, 'minute', minuteStart)
+    const minute = bucketOf(a, 'minute', minuteStart)
     applyDelta(minute, d, endpoint)
-    if (ops) ops.push(this.putOp(d.agentId, 'minute', minuteStart, minute))
+    const acctMinute = bucketOf(this.account, 'minute', minuteStart)
+    applyAccount(acctMinute, d, endpoint)
+    if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'minute', minuteStart), minute), ...this.accountOps('minute', minuteStart, acctMinute, d, endpoint))
+  }
+
+  /**
+   * A live change to an hour still only in the store (`prepare` was not called for it: it
+   * should not happen). Its bucket cannot be written without its stored state, so the version
+   * is cleared in this write (the next start rebuilds from the records) and the change is
+   * counted in memory once the agent's hours are read.
+   */
+  private late(d: Delta, now: number, ops?: BatchOp[]): void {
+    if (!ops) return
+    if (this.meta) ops.push({ type: 'del', coll: this.meta, key: AGGREGATES_META_KEY })
+    void this.loadOlder(d.agentId, 'hour')
+      .then(() => this.loadOlder(d.agentId, 'minute'))
+      .then(() => this.apply(d, now))
   }
 
   /** The bucket's newest state is what gets logged (several changes in one tick write it once each, in order). */
-  private putOp(agentId: string, precision: Precision, start: number, b: Bucket): BatchOp {
-    return { type: 'put', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start), value: true, latest: () => encodeBucket(b) }
+  private putOp(key: string, b: Bucket): BatchOp {
+    return { type: 'put', coll: this.coll as Collection<unknown>, key, value: true, latest: () => encodeBucket(b) }
   }
 
-  /** Drop the agent's buckets past retention (memory and store), at most every PRUNE_EVERY_MS. */
-  private prune(agentId: string, now: number, ops: BatchOp[]): void {
-    const a = this.agents.get(agentId)
+  /** The account bucket without its maps, and the one endpoint and by-agent entry a payment changed (each its own key). */
+  private accountOps(precision: Precision, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
+    const coll = this.accountColl
+    const entry = (m: Map<string, EndpointTotals> | undefined, name: string) => () => totalsEntry(m!.get(name)!)
+    const ops: BatchOp[] = [{ type: 'put', coll, key: accountKey(precision, start), value: true, latest: () => encodeBucket(b, false) }]
+    if (d.kind !== 'paid') return ops
+    ops.push({ type: 'put', coll, key: accountPartKey(precision, start, 'e', endpoint), value: true, latest: entry(b.endpoints, endpoint) })
+    ops.push({ type: 'put', coll, key: accountPartKey(precision, start, 'a', d.agentId), value: true, latest: entry(b.byAgent, d.agentId) })
+    return ops
+  }
+
+  private accountDels(precision: Precision, start: number, b: Bucket): BatchOp[] {
+    const del = (key: string): BatchOp => ({ type: 'del', coll: this.accountColl, key })
+    const out = [del(accountKey(precision, start))]
+    for (const name of b.endpoints.keys()) out.push(del(accountPartKey(precision, start, 'e', name)))
+    for (const name of b.byAgent?.keys() ?? []) out.push(del(accountPartKey(precision, start, 'a', name)))
+    return out
+  }
+
+  /** Drop the buckets past retention (memory and store), at most every PRUNE_EVERY_MS; `agentId` null: the account's. */
+  private prune(agentId: string | null, a: AgentBuckets | undefined, now: number, ops: BatchOp[]): void {
     if (!a || now - a.prunedAt < PRUNE_EVERY_MS) return
     a.prunedAt = now
     for (const [precision, m] of [
       ['minute', a.minutes],
       ['hour', a.hours],
     ] as const) {
-      for (const start of m.keys()) {
+      for (const [start, b] of m) {
         if (kept(precision, start, now)) continue
         m.delete(start)
-        ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
+        if (agentId === null) ops.push(...this.accountDels(precision, start, b))
+        else ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
       }
     }
     for (const start of a.days.keys()) if (start + DAY_MS <= now - HOUR_RETENTION_MS) a.days.delete(start)
   }
 
-  /** Add a record as it stands (a backfill or a recount). */
+  /** Add a record as it stands (a backfill or a recount: everything in memory). */
   addRecord(r: TxRecord, now: number): void {
     for (const d of deltasOfRecord(r)) this.apply(d, now)
   }
 
   /**
-   * Load the stored aggregates, or, when the store has none of this version, build them from
+   * Read the stored aggregates, or, when the store has none of this version, build them from
    * the records (once: the version is written last, so an interrupted build starts over).
    * Call before the contributor is registered and before anything writes records.
    */
   async start(transactions: Transactions, meta: Collection<unknown>): Promise<{ backfilled: number | null; buckets: number }> {
+    this.meta = meta
     const now = this.clock.now()
     if ((await meta.get(AGGREGATES_META_KEY)) === AGGREGATES_VERSION) return { backfilled: null, buckets: await this.load(now) }
-    await this.clear()
+    await clear(this.store, this.coll as Collection<unknown>)
+    await clear(this.store, this.accountColl)
     let n = 0
     for await (const [, r] of transactions.records.entries()) {
       this.addRecord(r, now)
       n++
     }
-    const buckets = await this.writeAll()
+    const buckets = (await writeValues(this.store, this.coll as Collection<unknown>, this.encoded(this.agentBuckets()))) + (await this.writeAccount())
     await this.store.batch([{ type: 'put', coll: meta, key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }])
     return { backfilled: n, buckets }
   }
 
+  /** The account's buckets, and every agent's minutes and hours from the UTC day two days back (what live writes touch). */
   private async load(now: number): Promise<number> {
-    let n = 0
-    const stale: BatchOp[] = []
-    for await (const [key, value] of this.coll.entries()) {
-      const k = parseBucketKey(key)
-      if (!k) continue
-      if (!kept(k.precision, k.start, now)) {
-        stale.push({ type: 'del', coll: this.coll as Collection<unknown>, key })
-        if (stale.length >= CHUNK) await this.store.batch(stale.splice(0))
-        continue
-      }
-      const a = this.agentOf(k.agentId)
-      const b = decodeBucket(value)
-      if (k.precision === 'minute') a.minutes.set(k.start, b)
-      else {
-        a.hours.set(k.start, b)
-        mergeInto(this.bucketOf(a, 'day', floorTo(k.start, DAY_MS)), b, true)
-      }
-      n++
+    let n = await readAccount(this.store, this.accountColl, now, (precision, start, b) => {
+      if (precision === 'minute') this.account.minutes.set(start, b)
+      else addHour(this.account, start, b)
+    })
+    const from = floorTo(now - MINUTE_RETENTION_MS, DAY_MS)
+    const minutesFrom = floorTo(now - EAGER_MINUTES_MS, HOUR_MS)
+    for await (const agentId of agentsIn(this.coll)) {
+      const a = newBuckets(from, minutesFrom)
+      this.agents.set(agentId, a)
+      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'minute', minutesFrom), parseBucketKey, now, (_, start, b) => a.minutes.set(start, b))
+      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'hour', from), parseBucketKey, now, (_, start, b) => addHour(a, start, b))
+      await dropOld(this.store, this.coll, agentId, 'minute', now)
+      await dropOld(this.store, this.coll, agentId, 'hour', now)
     }
-    if (stale.length) await this.store.batch(stale)
     return n
   }
 
-  private async clear(): Promise<void> {
-    let ops: BatchOp[] = []
-    for await (const key of this.coll.keys()) {
-      ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key })
-      if (ops.length >= CHUNK) {
-        await this.store.batch(ops)
-        ops = []
-      }
+  /** Read the agent's hours before `loadedFrom`, or minutes before `minutesFrom` (once, however many ask at the same time). */
+  private loadOlder(agentId: string, precision: Precision): Promise<void> {
+    const key = `${precision}\x00${agentId}`
+    let p = this.loading.get(key)
+    if (!p) {
+      p = (async () => {
+        const a = this.agentOf(agentId)
+        const hours = precision === 'hour'
+        const to = hours ? a.loadedFrom : a.minutesFrom
+        if (to === ALL) return
+        await readBuckets(this.store, this.coll, agentRange(agentId, precision, undefined, to), parseBucketKey, this.clock.now(), (_, start, b) => {
+          if (hours) addHour(a, start, b)
+          else a.minutes.set(start, b)
+        })
+        if (hours) a.loadedFrom = ALL
+        else a.minutesFrom = ALL
+      })().finally(() => this.loading.delete(key))
+      this.loading.set(key, p)
     }
-    if (ops.length) await this.store.batch(ops)
+    return p
   }
 
-  private async writeAll(): Promise<number> {
-    let n = 0
-    let ops: BatchOp[] = []
+  private *agentBuckets(): Iterable<[string, Bucket]> {
     for (const [agentId, a] of this.agents) {
+      for (const [start, b] of a.minutes) yield [bucketKey(agentId, 'minute', start), b]
+      for (const [start, b] of a.hours) yield [bucketKey(agentId, 'hour', start), b]
+    }
+  }
+
+  private *encoded(buckets: Iterable<[string, Bucket]>): Iterable<[string, StoredBucket]> {
+    for (const [key, b] of buckets) yield [key, encodeBucket(b)]
+  }
+
+  /** The account's buckets as the contributor writes them (each map entry its own key); returns how many buckets. */
+  private async writeAccount(): Promise<number> {
+    const values = function* (account: AgentBuckets): Iterable<[string, unknown]> {
       for (const [precision, m] of [
-        ['minute', a.minutes],
-        ['hour', a.hours],
+        ['minute', account.minutes],
+        ['hour', account.hours],
       ] as const) {
         for (const [start, b] of m) {
-          ops.push({ type: 'put', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start), value: encodeBucket(b) })
-          n++
-          if (ops.length >= CHUNK) {
-            await this.store.batch(ops)
-            ops = []
-          }
+          yield [accountKey(precision, start), encodeBucket(b, false)]
+          for (const [name, e] of b.endpoints) yield [accountPartKey(precision, start, 'e', name), totalsEntry(e)]
+          for (const [name, e] of b.byAgent ?? []) yield [accountPartKey(precision, start, 'a', name), totalsEntry(e)]
         }
       }
     }
-    if (ops.length) await this.store.batch(ops)
-    return n
+    await writeValues(this.store, this.accountColl, values(this.account))
+    return this.account.minutes.size + this.account.hours.size
   }
 
-  /** Every bucket as stored JSON text, by key: what a recount is compared with. */
-  snapshot(): Map<string, string> {
-    const out = new Map<string, string>()
-    for (const [agentId, a] of this.agents) {
-      for (const [start, b] of a.minutes) out.set(bucketKey(agentId, 'minute', start), canonical(b))
-      for (const [start, b] of a.hours) out.set(bucketKey(agentId, 'hour', start), canonical(b))
+  private *accountBuckets(prefix: string): Iterable<[string, Bucket]> {
+    for (const [start, b] of this.account.minutes) yield [prefix + accountKey('minute', start), b]
+    for (const [start, b] of this.account.hours) yield [prefix + accountKey('hour', start), b]
+  }
+
+  /** What is in memory: agents, and buckets (minutes and hours, the account's included). */
+  stats(): { agents: number; loadedAgents: number; buckets: number } {
+    let buckets = this.account.minutes.size + this.account.hours.size
+    let loadedAgents = 0
+    for (const a of this.agents.values()) {
+      buckets += a.minutes.size + a.hours.size
+      if (a.loadedFrom === ALL && a.minutesFrom === ALL) loadedAgents++
     }
+    return { agents: this.agents.size, loadedAgents, buckets }
+  }
+
+  /** Every bucket (the agents' and the account's) as stored JSON text, by key, every agent read in full first: what a recount is compared with. */
+  async snapshot(): Promise<Map<string, string>> {
+    for (const agentId of this.agents.keys()) {
+      await this.loadOlder(agentId, 'hour')
+      await this.loadOlder(agentId, 'minute')
+    }
+    return this.snapshotInMemory()
+  }
+
+  private snapshotInMemory(): Map<string, string> {
+    const out = new Map<string, string>()
+    for (const [key, b] of this.agentBuckets()) out.set(key, canonical(b))
+    for (const [key, b] of this.accountBuckets(ACCOUNT_SNAPSHOT)) out.set(key, canonical(b))
     return out
+  }
+
+  /** The aggregates a fresh count of every record gives (sessions are not records: not in it). */
+  static async recount(store: Store, transactions: Transactions, clock: Clock): Promise<Map<string, string>> {
+    const fresh = new Aggregates(store, clock)
+    const now = clock.now()
+    for await (const [, r] of transactions.records.entries()) fresh.addRecord(r, now)
+    return fresh.snapshotInMemory()
   }
 }
 
 /** The aggregates a fresh count of every record gives (sessions are not records: not in it). */
-export async function recount(store: Store, transactions: Transactions, clock: Clock): Promise<Map<string, string>> {
-  const fresh = new Aggregates(store, clock)
-  const now = clock.now()
-  for await (const [, r] of transactions.records.entries()) fresh.addRecord(r, now)
-  return fresh.snapshot()
-}
+export const recount = (store: Store, transactions: Transactions, clock: Clock): Promise<Map<string, string>> => Aggregates.recount(store, transactions, clock)

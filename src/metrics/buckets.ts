@@ -23,6 +23,8 @@ export interface Bucket {
   latency: Record<number, number>
   /** By origin + path; past the cap per agent and hour, under OTHER_ENDPOINT. */
   endpoints: Map<string, EndpointTotals>
+  /** The account's buckets only: paid payments and spend by agent (`by_agent`, top spenders). */
+  byAgent?: Map<string, EndpointTotals>
 }
 
 export const OTHER_ENDPOINT = 'other'
@@ -91,6 +93,16 @@ export function addPaid(b: Bucket, p: PaidFacts): void {
   } else b.endpoints.set(p.endpoint, { spend: p.amount, n: 1 })
 }
 
+/** A paid payment of `agentId` into an account bucket's by-agent totals. */
+export function addByAgent(b: Bucket, agentId: string, amount: bigint): void {
+  b.byAgent ??= new Map()
+  const e = b.byAgent.get(agentId)
+  if (e) {
+    e.spend += amount
+    e.n++
+  } else b.byAgent.set(agentId, { spend: amount, n: 1 })
+}
+
 export function addRejected(b: Bucket, reason: string): void {
   b.rejected[reason] = (b.rejected[reason] ?? 0) + 1
 }
@@ -115,6 +127,7 @@ export function mergeInto(into: Bucket, b: Bucket, endpoints: boolean): void {
   into.delegated += b.delegated
   for (const i in b.latency) into.latency[i as unknown as number] = (into.latency[i as unknown as number] ?? 0) + b.latency[i as unknown as number]!
   if (endpoints) mergeEndpoints(into.endpoints, b.endpoints)
+  if (b.byAgent) mergeEndpoints((into.byAgent ??= new Map()), b.byAgent)
 }
 
 export function mergeEndpoints(into: Map<string, EndpointTotals>, from: Map<string, EndpointTotals>): void {
@@ -139,9 +152,27 @@ export interface StoredBucket {
   d?: string
   l?: Record<string, number>
   e?: Record<string, [string, number]>
+  /** By agent (account buckets): [spend, count]. */
+  a?: Record<string, [string, number]>
 }
 
-export function encodeBucket(b: Bucket): StoredBucket {
+export const totalsEntry = (e: EndpointTotals): [string, number] => [e.spend.toString(), e.n]
+
+const totalsOut = (m: Map<string, EndpointTotals>): Record<string, [string, number]> => {
+  const out: Record<string, [string, number]> = {}
+  for (const [k, v] of m) out[k] = totalsEntry(v)
+  return out
+}
+
+function totalsIn(m: Map<string, EndpointTotals>, s: Record<string, [string, number]>): void {
+  for (const k in s) {
+    const [spend, n] = s[k]!
+    m.set(k, { spend: BigInt(spend), n })
+  }
+}
+
+/** `maps` false: without the endpoint and by-agent maps (the account stores each entry under its own key). */
+export function encodeBucket(b: Bucket, maps = true): StoredBucket {
   const out: StoredBucket = {}
   if (b.paid) {
     out.p = b.paid
@@ -150,9 +181,8 @@ export function encodeBucket(b: Bucket): StoredBucket {
     out.m = b.mpp
     out.mx = b.max.toString()
     out.l = b.latency
-    const e: Record<string, [string, number]> = {}
-    for (const [k, v] of b.endpoints) e[k] = [v.spend.toString(), v.n]
-    out.e = e
+    if (maps) out.e = totalsOut(b.endpoints)
+    if (maps && b.byAgent) out.a = totalsOut(b.byAgent)
   }
   if (Object.keys(b.rejected).length) out.r = b.rejected
   if (b.sessions) out.sc = b.sessions
@@ -171,6 +201,7 @@ export function decodeBucket(s: StoredBucket): Bucket {
   b.sessions = s.sc ?? 0
   b.delegated = BigInt(s.d ?? '0')
   for (const [i, n] of Object.entries(s.l ?? {})) b.latency[Number(i)] = n
-  for (const [k, [spend, n]] of Object.entries(s.e ?? {})) b.endpoints.set(k, { spend: BigInt(spend), n })
+  if (s.e) totalsIn(b.endpoints, s.e)
+  if (s.a) totalsIn((b.byAgent = new Map()), s.a)
   return b
 }

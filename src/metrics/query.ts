@@ -1,6 +1,6 @@
 import { toUsdcNumber, usdc } from '../util/money.js'
 import type { AgentBuckets } from './aggregates.js'
-import { emptyBucket, type EndpointTotals, mergeEndpoints, mergeInto, quantile, type Bucket } from './buckets.js'
+import { emptyBucket, mergeInto, quantile, type Bucket } from './buckets.js'
 import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, seriesStarts, unknownValue, type Span } from './windows.js'
 
 /** The metrics an agent's call may ask for, in the order they are listed in a 400. */
@@ -43,20 +43,11 @@ export function parseMetrics(v: string | null, allowed: readonly MetricName[]): 
  * buckets that fit are read: minutes only at the edges of a minute-exact span, whole hours
  * and whole UTC days in between (a coarser bucket is exactly the sum of its finer ones).
  */
-export function sumAgent(
-  a: AgentBuckets | undefined,
-  span: Span,
-  endpoints: boolean,
-  series: Map<number, bigint> | null,
-  /** Where the endpoints go (the account's total, summed once), if not into the agent's sum. */
-  endpointsInto?: Map<string, EndpointTotals>,
-): Bucket {
+export function sumAgent(a: AgentBuckets | undefined, span: Span, endpoints: boolean, series: Map<number, bigint> | null): Bucket {
   const out = emptyBucket()
   if (!a) return out
-  const eps = endpointsInto ?? out.endpoints
   const add = (t: number, b: Bucket): void => {
-    mergeInto(out, b, false)
-    if (endpoints) mergeEndpoints(eps, b.endpoints)
+    mergeInto(out, b, endpoints)
     if (series && b.spend) {
       const at = floorTo(t, span.step)
       series.set(at, (series.get(at) ?? 0n) + b.spend)
@@ -160,26 +151,21 @@ export function render(names: readonly MetricName[], b: Bucket, span: Span, seri
   return out
 }
 
-/** The account's answer: every agent's sum, the total, `by_agent` and the top spenders. */
+/**
+ * The account's answer, from the account's own buckets (kept beside the agents' in the same
+ * writes, each the sum of the agents' buckets of its minute or hour): the total, and `by_agent`
+ * and the top spenders from their by-agent totals.
+ */
 export function accountMetrics(
   names: readonly MetricName[],
-  agents: [string, AgentBuckets][],
+  account: AgentBuckets,
   span: Span,
 ): { metrics: Record<string, unknown>; by_agent: Record<string, { spend: { total: number }; tx_count: number }>; top_spenders: { agentId: string; spend: { total: number }; tx_count: number }[] } {
-  const endpoints = names.includes('top_endpoints')
   const series = names.includes('spend_series') ? new Map<number, bigint>() : null
-  const total = emptyBucket()
-  const per: [string, Bucket][] = []
-  for (const [agentId, a] of agents) {
-    const b = sumAgent(a, span, endpoints, series, total.endpoints)
-    mergeInto(total, b, false)
-    if (b.paid || b.spend) per.push([agentId, b])
-  }
+  const total = sumAgent(account, span, names.includes('top_endpoints'), series)
+  const per = [...(total.byAgent ?? [])].sort(([ia, a], [ib, b]) => (a.spend === b.spend ? (ia < ib ? -1 : 1) : a.spend > b.spend ? -1 : 1))
   const by_agent: Record<string, { spend: { total: number }; tx_count: number }> = {}
-  for (const [agentId, b] of per) by_agent[agentId] = { spend: { total: toUsdcNumber(b.spend) }, tx_count: b.paid }
-  const top_spenders = per
-    .sort(([ia, a], [ib, b]) => (a.spend === b.spend ? (ia < ib ? -1 : 1) : a.spend > b.spend ? -1 : 1))
-    .slice(0, TOP_SPENDERS)
-    .map(([agentId, b]) => ({ agentId, spend: { total: toUsdcNumber(b.spend) }, tx_count: b.paid }))
+  for (const [agentId, e] of per) by_agent[agentId] = { spend: { total: toUsdcNumber(e.spend) }, tx_count: e.n }
+  const top_spenders = per.slice(0, TOP_SPENDERS).map(([agentId, e]) => ({ agentId, spend: { total: toUsdcNumber(e.spend) }, tx_count: e.n }))
   return { metrics: render(names, total, span, series), by_agent, top_spenders }
 }

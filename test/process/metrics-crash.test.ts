@@ -21,7 +21,7 @@ async function storedAndRecounted(dataDir: string): Promise<{ stored: Map<string
     if (loaded.backfilled !== null) throw new Error('the store had no aggregates')
     let records = 0
     for await (const _ of transactions.records.keys()) records++
-    return { stored: aggregates.snapshot(), recounted: await recount(store, transactions, systemClock), records }
+    return { stored: await aggregates.snapshot(), recounted: await recount(store, transactions, systemClock), records }
   } finally {
     await store.close()
   }
@@ -60,10 +60,18 @@ t.test('SIGKILL during paid traffic: the aggregates equal a recount; a store wit
   const api = (await call(second.url, 'GET', '/v1/agents/k1/metrics?metrics=tx_count,spend', acct)).body.metrics
   const paid = (await call(second.url, 'GET', '/v1/transactions?agentId=k1&status=paid&limit=1000', acct)).body.transactions.length
   t.equal(api.tx_count, paid, 'the API counts every paid record')
+  const allPaid = (await call(second.url, 'GET', '/v1/transactions?status=paid&limit=1000', acct)).body.transactions.length
+  const account = (await call(second.url, 'GET', '/v1/metrics?metrics=tx_count', acct)).body
+  t.equal(account.metrics.tx_count, allPaid, "the account's buckets count every paid record too")
+  t.equal(account.by_agent.k1.tx_count, paid)
   t.equal(await second.stop('SIGTERM'), 0)
   const { stored, recounted, records } = await storedAndRecounted(dataDir)
   t.ok(records >= 6)
   t.ok(stored.size > 0)
+  t.ok(
+    [...stored.keys()].some((k) => k.startsWith('account:')),
+    "the account's buckets are stored and compared too",
+  )
   t.same([...stored].sort(), [...recounted].sort(), 'the stored aggregates equal a recount from the records')
 
   // A store with records and no aggregates (as before the metrics): built at start.

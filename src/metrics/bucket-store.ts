@@ -1,0 +1,185 @@
+import type { BatchOp, Collection, Store } from '../store/index.js'
+import { type Bucket, decodeBucket, emptyBucket, type StoredBucket } from './buckets.js'
+import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } from './windows.js'
+
+/**
+ * Where the aggregates' buckets live in the store and how they are read back in ranges: per
+ * agent in `metricsAgg` (`<agentId>\0m|h\0<start>`, sorted per agent, precision and time), the
+ * account's in `metricsAccount` (`m|h\0<start>`). Only ordered key ranges are used, which any
+ * backend behind `src/store/` offers.
+ */
+const CHUNK = 1000
+
+const code = (p: Precision): string => (p === 'minute' ? 'm' : 'h')
+// Rounded up: a range bound between bucket starts includes the next start, not the one before.
+const startText = (p: Precision, start: number): string =>
+  Math.ceil(start / sizeOf(p))
+    .toString(36)
+    .padStart(8, '0')
+
+/** `<agentId>\0m|h\0<start in buckets, base 36>`: sorted per agent and precision. */
+export function bucketKey(agentId: string, precision: Precision, start: number): string {
+  return `${agentId}\x00${code(precision)}\x00${startText(precision, start)}`
+}
+
+/** An account bucket's key: `m|h\0<start in buckets, base 36>`. */
+export function accountKey(precision: Precision, start: number): string {
+  return `${code(precision)}\x00${startText(precision, start)}`
+}
+
+export function parseBucketKey(key: string): { agentId: string; precision: Precision; start: number } | null {
+  const j = key.lastIndexOf('\x00')
+  const i = key.lastIndexOf('\x00', j - 1)
+  if (i <= 0) return null
+  const precision: Precision = key.slice(i + 1, j) === 'm' ? 'minute' : 'hour'
+  return { agentId: key.slice(0, i), precision, start: Number.parseInt(key.slice(j + 1), 36) * sizeOf(precision) }
+}
+
+/** An entry of an account bucket's endpoint (`e`) or by-agent (`a`) map, under its own key (a change rewrites one entry, not the map). */
+export function accountPartKey(precision: Precision, start: number, kind: 'e' | 'a', name: string): string {
+  return `${accountKey(precision, start)}\x00${kind}${name}`
+}
+
+export function parseAccountKey(key: string): { precision: Precision; start: number; part?: ['e' | 'a', string] } | null {
+  if (key[1] !== '\x00' || (key[0] !== 'm' && key[0] !== 'h')) return null
+  const precision: Precision = key[0] === 'm' ? 'minute' : 'hour'
+  const j = key.indexOf('\x00', 2)
+  const start = Number.parseInt(key.slice(2, j < 0 ? undefined : j), 36) * sizeOf(precision)
+  if (j < 0) return { precision, start }
+  const kind = key[j + 1]
+  return kind === 'e' || kind === 'a' ? { precision, start, part: [kind, key.slice(j + 2)] } : null
+}
+
+/** The key range of one agent's buckets of one precision, from `from` (ms, inclusive) to `to` (exclusive). */
+export function agentRange(agentId: string, precision: Precision, from?: number, to?: number): { gte: string; lt: string } {
+  const prefix = `${agentId}\x00${code(precision)}\x00`
+  return {
+    gte: from === undefined ? prefix : prefix + startText(precision, Math.max(0, from)),
+    lt: to === undefined ? `${agentId}\x00${code(precision)}\x01` : prefix + startText(precision, Math.max(0, to)),
+  }
+}
+
+/** Deletes written in slices of CHUNK. */
+export class Deleter {
+  private ops: BatchOp[] = []
+  constructor(
+    private readonly store: Store,
+    private readonly coll: Collection<unknown>,
+  ) {}
+  async del(key: string): Promise<void> {
+    this.ops.push({ type: 'del', coll: this.coll, key })
+    if (this.ops.length >= CHUNK) await this.store.batch(this.ops.splice(0))
+  }
+  async done(): Promise<void> {
+    if (this.ops.length) await this.store.batch(this.ops.splice(0))
+  }
+}
+
+/**
+ * Read the buckets of `coll` in `range`, handing each still kept at `now` to `onBucket` and
+ * deleting those past retention. Returns how many were read.
+ */
+export async function readBuckets(
+  store: Store,
+  coll: Collection<StoredBucket>,
+  range: { gte?: string; lt?: string },
+  parse: (key: string) => { precision: Precision; start: number } | null,
+  now: number,
+  onBucket: (precision: Precision, start: number, b: Bucket) => void,
+): Promise<number> {
+  let n = 0
+  const stale = new Deleter(store, coll as Collection<unknown>)
+  for await (const [key, value] of coll.entries(range)) {
+    const k = parse(key)
+    if (!k) continue
+    if (!kept(k.precision, k.start, now)) await stale.del(key)
+    else {
+      onBucket(k.precision, k.start, decodeBucket(value))
+      n++
+    }
+  }
+  await stale.done()
+  return n
+}
+
+/** The agents with buckets in `coll`, in key order, found by skipping from one agent's keys to the next. */
+export async function* agentsIn(coll: Collection<StoredBucket>): AsyncIterable<string> {
+  let gte = ''
+  for (;;) {
+    let next: string | undefined
+    for await (const key of coll.keys({ gte, limit: 1 })) next = key
+    if (next === undefined) return
+    const k = parseBucketKey(next)
+    if (!k) return
+    yield k.agentId
+    // '\x01' sorts after the '\x00' that ends every key of this agent.
+    gte = `${k.agentId}\x01`
+  }
+}
+
+/** Delete an agent's buckets of `precision` past retention without reading them (keys only). */
+export async function dropOld(store: Store, coll: Collection<StoredBucket>, agentId: string, precision: Precision, now: number): Promise<void> {
+  const stale = new Deleter(store, coll as Collection<unknown>)
+  const retention = precision === 'minute' ? MINUTE_RETENTION_MS : HOUR_RETENTION_MS
+  for await (const key of coll.keys(agentRange(agentId, precision, 0, now - retention))) await stale.del(key)
+  await stale.done()
+}
+
+/** Every key of `coll` deleted. */
+export async function clear(store: Store, coll: Collection<unknown>): Promise<void> {
+  const d = new Deleter(store, coll)
+  for await (const key of coll.keys()) await d.del(key)
+  await d.done()
+}
+
+/** Write `[key, value]` pairs in slices of CHUNK; returns how many. */
+export async function writeValues(store: Store, coll: Collection<unknown>, values: Iterable<[string, unknown]>): Promise<number> {
+  let n = 0
+  let ops: BatchOp[] = []
+  for (const [key, value] of values) {
+    ops.push({ type: 'put', coll, key, value })
+    n++
+    if (ops.length >= CHUNK) {
+      await store.batch(ops)
+      ops = []
+    }
+  }
+  if (ops.length) await store.batch(ops)
+  return n
+}
+
+/**
+ * Read the account's buckets (each a key of its own and one key per endpoint and by-agent
+ * entry), handing each still kept at `now` to `onBucket` whole; those past retention are deleted.
+ */
+export async function readAccount(store: Store, coll: Collection<unknown>, now: number, onBucket: (precision: Precision, start: number, b: Bucket) => void): Promise<number> {
+  const stale = new Deleter(store, coll)
+  let current: { precision: Precision; start: number; b: Bucket } | null = null
+  let n = 0
+  const done = (): void => {
+    if (current) onBucket(current.precision, current.start, current.b)
+    current = null
+  }
+  // A bucket's key sorts just before its entries' keys.
+  for await (const [key, value] of coll.entries()) {
+    const k = parseAccountKey(key)
+    if (!k) continue
+    if (!kept(k.precision, k.start, now)) {
+      await stale.del(key)
+      continue
+    }
+    if (!current || current.precision !== k.precision || current.start !== k.start) {
+      done()
+      current = { precision: k.precision, start: k.start, b: k.part ? emptyBucket() : decodeBucket(value as StoredBucket) }
+      n++
+    }
+    if (k.part) {
+      const [spend, count] = value as [string, number]
+      const m = k.part[0] === 'e' ? current.b.endpoints : (current.b.byAgent ??= new Map())
+      m.set(k.part[1], { spend: BigInt(spend), n: count })
+    }
+  }
+  done()
+  await stale.done()
+  return n
+}
