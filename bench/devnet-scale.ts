@@ -187,7 +187,11 @@ async function driver(records: number, maxS: number): Promise<void> {
   for (let i = 0; i < 100 && anvilPid && fs.existsSync(`/proc/${anvilPid}`); i++) await new Promise((r) => setTimeout(r, 50))
 
   const t = performance.now()
-  const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0 })
+  // what the restart spent (snapshot load, journal replay)
+  const log = (msg: string, fields?: object): void => {
+    if (msg === 'embedded chain ready') console.log(`restart: ${JSON.stringify(fields)}`)
+  }
+  const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, log })
   const restartMs = Math.round(performance.now() - t)
   const rssAfterRestart = { node: Math.round(process.memoryUsage().rss / 2 ** 20), anvil: Math.round(rssMb(d.childPid)) }
   const call = async (functionName: string, args: unknown[] = []): Promise<Hex> =>

@@ -45,17 +45,21 @@ export class ReceiptArchive {
     }
   }
 
-  /** Opens a bucket for appending, dropping a line torn by a kill mid-write. */
+  /** Opens a bucket for appending, dropping a line torn by a kill mid-write (reads the end only: a bucket grows with history). */
   private open(bucket: string): number {
     const f = this.file(bucket)
-    try {
-      const text = fs.readFileSync(f)
-      const end = text.lastIndexOf(10) + 1
-      if (end !== text.length) fs.truncateSync(f, end)
-    } catch {
-      // not there yet
+    const fd = fs.openSync(f, 'a+')
+    const size = fs.fstatSync(fd).size
+    if (size > 0) {
+      const n = Math.min(size, 1 << 20)
+      const tail = Buffer.alloc(n)
+      fs.readSync(fd, tail, 0, n, size - n)
+      if (tail[n - 1] !== 10) {
+        const nl = tail.lastIndexOf(10)
+        fs.ftruncateSync(fd, nl < 0 ? size - n : size - n + nl + 1)
+      }
     }
-    return fs.openSync(f, 'a')
+    return fd
   }
 
   /** The archived receipt of `hash`, or null. */
