@@ -26,8 +26,20 @@ const benches: Record<string, () => Promise<void>> = {
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
   alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
 }
-/** Run only when named: `metrics` writes a million transactions (about a gigabyte) first. */
+/** The embedded chain filled to BENCH_DEVNET_RECORDS (default 1,000,000) ledger records; see devnet-scale.ts. */
+function benchDevnetScale(): Promise<void> {
+  const maxS = Number(process.env.BENCH_DEVNET_MAX_S ?? 1500)
+  const r = spawnSync(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./devnet-scale.ts', import.meta.url))], { stdio: 'inherit', timeout: (maxS + 300) * 1000 })
+  if (r.status !== 0) throw new Error(`devnet scale bench failed (${r.status ?? r.signal})`)
+  return Promise.resolve()
+}
+
+/**
+ * Run only when named: `metrics` writes a million transactions (about a gigabyte) first;
+ * `devnet-scale` fills the embedded chain with a million ledger records (up to 25 minutes).
+ */
 const onRequest: Record<string, () => Promise<void>> = {
+  'devnet-scale': benchDevnetScale,
   metrics: () =>
     benchMetrics({
       transactions: Number(process.env.BENCH_METRICS_TX ?? 1_000_000),

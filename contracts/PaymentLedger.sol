@@ -1,29 +1,27 @@
 // SPDX-License-Identifier: MIT
 pragma solidity ^0.8.37;
 
-/// @title PaymentLedger
-/// @notice Append-only, at-most-once record of Paygate payments. Storage keeps one slot
-///         per entry (a 160-bit digest of all fields, the timestamp and the depth); the
-///         fields themselves travel in the PaymentRecorded event. No full URL is ever stored: `origin` is
-///         scheme://host[:port] (checked here) and `pathHash` is the keccak256 of the path
-///         (computed by the caller).
+/// @title PaymentLedger (version 2)
+/// @notice Append-only record of Paygate payments. Each record() emits PaymentRecorded with
+///         every field, and folds the record's digest into one running hash (`head`), so the
+///         storage stays two slots however many payments are recorded: a node's cost per
+///         block does not grow with the ledger, and every payment stays verifiable (replaying
+///         the PaymentRecorded events, or the archived record() calls, in order gives `head`).
+///         At most once per id is the caller's job (each record is one signed tx with its own
+///         nonce). Version 1 kept one storage slot per id (`recorded`, `entryOf`); its record()
+///         and event are the same, so a deployed version 1 keeps working with Paygate.
+///         No full URL is ever recorded: `origin` is scheme://host[:port] (checked here) and
+///         `pathHash` is the keccak256 of the path (computed by the caller).
 contract PaymentLedger {
-    /// @notice What is stored per id: one storage slot.
-    /// @dev digest = bytes20(keccak256(abi.encode(id, parentTxHash, keccak256(agentId),
-    ///      amount, keccak256(protocol), keccak256(origin), pathHash, depth))), see digestOf.
-    ///      It lets a reader reconcile its own copy of an entry (including the amount)
-    ///      with one call; the amount itself is in the event.
-    struct Entry {
-        bytes20 digest;
-        uint64 timestamp;
-        uint32 depth;
-    }
+    uint256 public constant VERSION = 2;
 
     address public owner;
     /// @dev count + 1, so that the first record() does not pay for a zero-to-nonzero write.
     uint256 private _countPlusOne = 1;
+    /// @notice keccak256(abi.encode(previous head, digest of the record)) after each record,
+    ///         from bytes32(0); see digestOf.
+    bytes32 public head;
     mapping(address account => bool) public isRecorder;
-    mapping(bytes32 id => Entry) private _entries;
 
     event PaymentRecorded(
         bytes32 indexed id,
@@ -44,7 +42,6 @@ contract PaymentLedger {
     error NotRecorder();
     error ZeroAddress();
     error ZeroId();
-    error AlreadyRecorded(bytes32 id);
     error OriginNotBare();
 
     constructor() {
@@ -77,7 +74,7 @@ contract PaymentLedger {
     }
 
     /// @notice Records one payment (or an invocation root: depth 0, protocol "", amount
-    ///         possibly 0). Reverts AlreadyRecorded for a known id.
+    ///         possibly 0).
     function record(
         bytes32 id,
         bytes32 parentTxHash,
@@ -90,26 +87,18 @@ contract PaymentLedger {
     ) external {
         if (!isRecorder[msg.sender]) revert NotRecorder();
         if (id == bytes32(0)) revert ZeroId();
-        if (_entries[id].digest != bytes20(0)) revert AlreadyRecorded(id);
         _requireBareOrigin(origin);
 
         bytes32 agentIdHash = keccak256(bytes(agentId));
         uint64 timestamp = uint64(block.timestamp);
-        _entries[id] = Entry({
-            digest: _digest(id, parentTxHash, agentIdHash, amount, protocol, origin, pathHash, depth),
-            timestamp: timestamp,
-            depth: depth
-        });
+        bytes32 digest = _digest(id, parentTxHash, agentIdHash, amount, protocol, origin, pathHash, depth, timestamp);
+        head = keccak256(abi.encode(head, digest));
         unchecked {
             ++_countPlusOne;
         }
         emit PaymentRecorded(
             id, parentTxHash, agentIdHash, agentId, amount, protocol, origin, pathHash, depth, timestamp
         );
-    }
-
-    function recorded(bytes32 id) external view returns (bool) {
-        return _entries[id].digest != bytes20(0);
     }
 
     /// @notice How many entries were recorded.
@@ -119,12 +108,7 @@ contract PaymentLedger {
         }
     }
 
-    /// @notice The stored entry; all zero for an unknown id.
-    function entryOf(bytes32 id) external view returns (Entry memory) {
-        return _entries[id];
-    }
-
-    /// @notice The digest record() stores for these fields, to check an event against storage.
+    /// @notice The digest record() folds into `head` for these fields and the block's timestamp.
     function digestOf(
         bytes32 id,
         bytes32 parentTxHash,
@@ -133,9 +117,15 @@ contract PaymentLedger {
         string calldata protocol,
         string calldata origin,
         bytes32 pathHash,
-        uint32 depth
-    ) external pure returns (bytes20) {
-        return _digest(id, parentTxHash, keccak256(bytes(agentId)), amount, protocol, origin, pathHash, depth);
+        uint32 depth,
+        uint64 timestamp
+    ) external pure returns (bytes32) {
+        return _digest(id, parentTxHash, keccak256(bytes(agentId)), amount, protocol, origin, pathHash, depth, timestamp);
+    }
+
+    /// @notice The head after `previous` and one record of `digest`.
+    function nextHead(bytes32 previous, bytes32 digest) external pure returns (bytes32) {
+        return keccak256(abi.encode(previous, digest));
     }
 
     function _digest(
@@ -146,9 +136,10 @@ contract PaymentLedger {
         string calldata protocol,
         string calldata origin,
         bytes32 pathHash,
-        uint32 depth
-    ) private pure returns (bytes20) {
-        return bytes20(keccak256(
+        uint32 depth,
+        uint64 timestamp
+    ) private pure returns (bytes32) {
+        return keccak256(
             abi.encode(
                 id,
                 parentTxHash,
@@ -157,9 +148,10 @@ contract PaymentLedger {
                 keccak256(bytes(protocol)),
                 keccak256(bytes(origin)),
                 pathHash,
-                depth
+                depth,
+                timestamp
             )
-        ));
+        );
     }
 
     /// @dev Bytes never allowed in an origin: controls and space (0x00-0x20), '#', '?',

@@ -4,6 +4,7 @@ import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { recordIdOf } from '../../src/chain/ledger-tx.js'
+import { recordDigest, recordedEvents } from '../../src/chain/ledger-verify.js'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startSpecMerchant, startV1Merchant, startV2Merchant, type Merchant, type MerchantOptions } from '../helpers/merchants.js'
 
@@ -11,6 +12,20 @@ import { startSpecMerchant, startV1Merchant, startV2Merchant, type Merchant, typ
 const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532', PAYGATE_PAY_TIMEOUT_MS: '1500' } })
 t.teardown(() => gw.close())
 const { info, pub, balanceOf, merchantOptions } = await testChain(gw)
+
+/** The receipt holds one PaymentRecorded event of the ledger for this transaction, whose digest is the contract's. */
+async function recordedOnLedger(receipt: { logs: ReadonlyArray<{ address: string; topics: readonly Hex[]; data: Hex }> }, txId: string): Promise<boolean> {
+  const evs = recordedEvents(receipt.logs, info.ledger)
+  if (evs.length !== 1 || evs[0]!.entry.id !== recordIdOf(txId)) return false
+  const { entry: e, timestamp } = evs[0]!
+  const onChain = await pub.readContract({
+    address: info.ledger,
+    abi: paymentLedgerAbi,
+    functionName: 'digestOf',
+    args: [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, timestamp],
+  })
+  return onChain === recordDigest(e, timestamp)
+}
 
 const PRICE = 10_000n // 0.01 USDC
 const merchants: Merchant[] = []
@@ -63,7 +78,7 @@ for (const kind of ['v2', 'v1', 'simple', 'accepts'] as const) {
     t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
     const receipt = await pub.getTransactionReceipt({ hash: r.body.txHash })
     t.equal(receipt.status, 'success', 'txHash is the ledger transaction')
-    t.equal(await pub.readContract({ address: info.ledger, abi: paymentLedgerAbi, functionName: 'recorded', args: [recordIdOf(tx.id)] }), true)
+    t.ok(await recordedOnLedger(receipt, tx.id), 'the ledger event holds the record, and its digest is the digestOf the contract computes')
     t.equal((await gw.api('GET', `/v1/transactions/${tx.id}`)).body.ledger.status, 'confirmed')
   })
 }
@@ -103,9 +118,10 @@ t.test('the ledger record of a lone payment is signed while the paid retry is on
   t.equal(calls.signsBeforeRecord, 1, 'the record was already signed when the paid answer came to be recorded')
   t.same(calls.signs, [r.body.txHash], "one signature, and its hash is the answer's txHash")
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
-  t.equal((await pub.getTransactionReceipt({ hash: r.body.txHash })).status, 'success')
+  const receipt = await pub.getTransactionReceipt({ hash: r.body.txHash })
+  t.equal(receipt.status, 'success')
   const tx = (await gw.api('GET', `/v1/transactions/${r.body.txHash}`)).body
-  t.equal(await pub.readContract({ address: info.ledger, abi: paymentLedgerAbi, functionName: 'recorded', args: [recordIdOf(tx.id)] }), true)
+  t.ok(await recordedOnLedger(receipt, tx.id), 'the ledger event holds the record')
 })
 
 t.test('a POST body is resent intact on the paid retry', async (t) => {

@@ -54,9 +54,11 @@ export function anvilBinary(explicit?: string): string {
 }
 
 /** anvil's command line: it never mines by itself (the miner does), and starts from `loadState` if given. */
-export function anvilArgs(chainId: number, genesisTime: number, hardfork: string, loadState: string | undefined): string[] {
+// --transaction-block-keeper: anvil forgets the txs and receipts of older blocks (the receipt
+// archive keeps them), so its memory, state dumps and restarts stay the same size as history grows.
+export function anvilArgs(chainId: number, genesisTime: number, hardfork: string, loadState: string | undefined, keepBlocks: number): string[] {
   const args = ['--silent', '--host', '127.0.0.1', '--port', '0', '--no-mining', '--order', 'fifo', '--chain-id', String(chainId)]
-  args.push('--timestamp', String(genesisTime), '--hardfork', hardfork, '--gas-limit', '100000000', '--prune-history', '32')
+  args.push('--timestamp', String(genesisTime), '--hardfork', hardfork, '--gas-limit', '100000000', '--prune-history', '32', '--transaction-block-keeper', String(keepBlocks))
   if (loadState) args.push('--load-state', loadState)
   return args
 }
@@ -180,4 +182,14 @@ export async function stopAnvil(child: Child): Promise<void> {
 /** What ended the watchdog: its signal, or anvil's (the shell exits with 128+n when signal n killed anvil). */
 export function exitSignal(code: number | null, signal: NodeJS.Signals | null): string | null {
   return signal ?? (code !== null && code > 128 ? Object.entries(os.constants.signals).find(([, n]) => n === code - 128)?.[0] : undefined) ?? null
+}
+
+/** CPU time (user + system, ms) of a process so far, from /proc (Linux); NaN where that is not there. */
+export function processCpuMs(pid: number): number {
+  try {
+    const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+    return (Number(f[11]) + Number(f[12])) * 10 // clock ticks of 10 ms (USER_HZ 100)
+  } catch {
+    return Number.NaN
+  }
 }

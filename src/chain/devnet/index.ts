@@ -3,7 +3,8 @@
 import * as fs from 'node:fs'
 import type * as http from 'node:http'
 import * as path from 'node:path'
-import { anvilArgs, anvilBinary, type Child, exitSignal, killStaleAnvil, spawnAnvil, stopAnvil } from './anvil.js'
+import { ReceiptArchive } from './archive.js'
+import { anvilArgs, anvilBinary, type Child, exitSignal, killStaleAnvil, processCpuMs, spawnAnvil, stopAnvil } from './anvil.js'
 import { findGenerations, type Generations, openDataDir } from './data-dir.js'
 import { Journal } from './journal.js'
 import { Miner } from './miner.js'
@@ -18,6 +19,7 @@ export { DEVNET_MNEMONIC, type Devnet, type DevnetOptions, type DevnetStats, Dev
 export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const log = opts.log ?? ((): void => {})
   const ipcTimeoutMs = opts.ipcTimeoutMs ?? 30_000
+  const keepBlocks = Math.max(2, opts.keepBlocks ?? 8)
   const dir = path.resolve(opts.dataDir)
   const { meta, unlock } = openDataDir(dir, opts.chainId, log)
   const pidFile = path.join(dir, 'anvil.pid')
@@ -27,7 +29,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   try {
     killStaleAnvil(pidFile, log)
     gens = findGenerations(dir)
-    const args = anvilArgs(opts.chainId, meta.genesisTime, meta.hardfork, gens.loadState)
+    const args = anvilArgs(opts.chainId, meta.genesisTime, meta.hardfork, gens.loadState, keepBlocks)
     const t = performance.now()
     child = await spawnAnvil(anvilBinary(opts.anvilPath), args, dir, pidFile, ipcTimeoutMs, log)
     loadMs = performance.now() - t
@@ -37,14 +39,15 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   }
 
   const node = new AnvilNode(child.ipc, log)
+  const archive = new ReceiptArchive(path.join(dir, 'receipts'), keepBlocks)
   let miner: Miner | undefined
   try {
-    const restored = await restore(node, dir, gens, log)
-    const journal = new Journal({ dir, restartBudgetMs: opts.restartBudgetMs ?? 3500, dumpTimeoutMs: 4 * ipcTimeoutMs, log }, restored.journal)
+    const restored = await restore(node, archive, dir, gens, log)
+    const journal = new Journal({ dir, restartBudgetMs: opts.restartBudgetMs ?? 3500, dumpTimeoutMs: 4 * ipcTimeoutMs, log, anvilCpuMs: () => processCpuMs(child.anvilPid) }, restored.journal)
     const blockTimeMs = opts.blockTimeMs ?? 250
-    miner = new Miner(node, journal, { blockTimeMs, idleSnapshotMs: opts.idleSnapshotMs ?? 2000, freshBlockMs: opts.freshBlockMs ?? 2000, log })
+    miner = new Miner(node, journal, archive, { blockTimeMs, idleSnapshotMs: opts.idleSnapshotMs ?? 2000, freshBlockMs: opts.freshBlockMs ?? 2000, log })
     miner.start()
-    const front = new RpcFront(node, journal, miner, blockTimeMs)
+    const front = new RpcFront(node, journal, miner, archive, blockTimeMs)
     const { server, rpcUrl } = await serveHttp((req) => front.handle(req), opts.host, opts.port)
     const { replayed, replayMs } = restored
     log('embedded chain ready', {
@@ -57,12 +60,13 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
       loadMs: Math.round(loadMs),
       replayMs: Math.round(replayMs),
     })
-    const parts: Parts = { node, journal, miner, child, server, log, pidFile, unlock }
+    const parts: Parts = { node, journal, miner, archive, child, server, log, pidFile, unlock }
     watchAnvil(parts)
     return handleOf(parts, front, rpcUrl, opts.chainId, restored, loadMs)
   } catch (e) {
     node.closed = true
     miner?.stop()
+    archive.close()
     await stopAnvil(child)
     unlock()
     throw e
@@ -73,6 +77,7 @@ interface Parts {
   node: AnvilNode
   journal: Journal
   miner: Miner
+  archive: ReceiptArchive
   child: Child
   server: http.Server
   log: DevnetLog
@@ -111,12 +116,14 @@ function handleOf(parts: Parts, front: RpcFront, rpcUrl: string, chainId: number
       loadMs,
       mineMs: Math.round(miner.mineMs * 10) / 10,
       snapshotMs: [...journal.snapshotMs],
+      snapshots: journal.snapshots,
+      snapshotCpuMs: [...journal.snapshotCpuMs],
     }),
     close: () => (closing ??= close(parts)),
   }
 }
 
-async function close({ node, journal, miner, child, server, log, pidFile, unlock }: Parts): Promise<void> {
+async function close({ node, journal, miner, archive, child, server, log, pidFile, unlock }: Parts): Promise<void> {
   miner.stop()
   await node
     .serial(async () => {
@@ -132,6 +139,7 @@ async function close({ node, journal, miner, child, server, log, pidFile, unlock
   server.closeAllConnections()
   await new Promise<void>((r) => server.close(() => r()))
   journal.close()
+  archive.close()
   await stopAnvil(child)
   fs.rmSync(pidFile, { force: true })
   unlock()

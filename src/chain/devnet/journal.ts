@@ -35,6 +35,8 @@ export interface JournalOptions {
   /** how long anvil may take to dump its state */
   dumpTimeoutMs: number
   log: DevnetLog
+  /** anvil's CPU time so far (ms), to tell a dump's own cost from waiting for a busy machine */
+  anvilCpuMs: () => number
 }
 
 /**
@@ -48,6 +50,10 @@ export class Journal {
   tail: Tail
   /** how long each of the last 50 snapshots held the chain */
   readonly snapshotMs: number[] = []
+  /** snapshots taken since the start */
+  snapshots = 0
+  /** anvil's CPU time during each of those holds */
+  readonly snapshotCpuMs: number[] = []
   private stateMb: number
   private fd: number
   // The chain is held only while anvil dumps; unpacking and writing the files happens after,
@@ -103,12 +109,13 @@ export class Journal {
 
   /**
    * Dumps anvil's state and starts the next generation; its files are written in the background.
-   * Run on the serial queue; `mine` mines the pending txs first (the dump holds no mempool).
+   * Run on the serial queue. The dump holds no mempool: the txs acknowledged and not yet mined
+   * start the next journal, in the order they were sent, and a replay sends them again before
+   * what came after (mining them first held the chain for a whole block more).
    */
-  async snapshot(node: AnvilNode, mine: () => Promise<unknown>): Promise<void> {
+  async snapshot(node: AnvilNode): Promise<void> {
     const t = performance.now()
-    if (node.pending.size) await mine()
-    await node.dropMined()
+    const cpu0 = this.opts.anvilCpuMs()
     const state = (await node.raw('anvil_dumpState', [], this.opts.dumpTimeoutMs)) as string
     const next = this.gen + 1
     // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
@@ -119,8 +126,11 @@ export class Journal {
     this.tail = { entries: node.pending.size, fresh: 0, costMs: 0 }
     const sm: SnapshotMeta = { offset: this.offset, blocks: node.blocks, at: new Date().toISOString() }
     const ms = Math.round(performance.now() - t)
+    this.snapshots++
     this.snapshotMs.push(ms)
+    this.snapshotCpuMs.push(Math.round(this.opts.anvilCpuMs() - cpu0))
     if (this.snapshotMs.length > 50) this.snapshotMs.shift()
+    if (this.snapshotCpuMs.length > 50) this.snapshotCpuMs.shift()
     const tc = performance.now()
     const log = this.opts.log
     this.commits = this.commits

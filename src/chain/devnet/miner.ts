@@ -1,3 +1,4 @@
+import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Journal, journalCall } from './journal.js'
 import type { AnvilNode } from './node.js'
 import type { DevnetLog } from './types.js'
@@ -33,6 +34,7 @@ export class Miner {
   constructor(
     private readonly node: AnvilNode,
     private readonly journal: Journal,
+    private readonly archive: ReceiptArchive,
     private readonly opts: MinerOptions,
   ) {}
 
@@ -69,6 +71,7 @@ export class Miner {
     const t = performance.now()
     await this.node.raw('evm_mine')
     const b = await this.node.afterMine()
+    if (b.txs) await archiveBlocks(this.node, this.archive, this.node.blocks, this.node.blocks)
     if (fresh) this.journal.appendFresh(b.timestamp)
     else this.journal.append(journalCall('evm_mine', [b.timestamp]))
     const dt = performance.now() - t
@@ -81,7 +84,7 @@ export class Miner {
 
   /** On the serial queue. */
   snapshot(): Promise<void> {
-    return this.journal.snapshot(this.node, () => this.mine())
+    return this.journal.snapshot(this.node)
   }
 
   /** Snapshots when the tail (grown by writes without mining, e.g. automine off) is well past its budget. */

@@ -1,4 +1,5 @@
 import * as fs from 'node:fs'
+import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Generations, journalPath } from './data-dir.js'
 import { type JournalStart, journalLine, type Tail } from './journal.js'
 import { MINES, SENDS, SET_NEXT_TIME } from './methods.js'
@@ -18,9 +19,9 @@ export interface Restored {
  * Brings anvil (started from the base snapshot) to where the journals leave the chain: same tx
  * hashes, blocks, block hashes and timestamps; then the chain-time offset they recorded.
  */
-export async function restore(node: AnvilNode, dir: string, gens: Generations, log: DevnetLog): Promise<Restored> {
+export async function restore(node: AnvilNode, archive: ReceiptArchive, dir: string, gens: Generations, log: DevnetLog): Promise<Restored> {
   const t = performance.now()
-  const r = new Replay(node, log, gens)
+  const r = new Replay(node, archive, log, gens)
   for (const g of gens.journals) await r.journal(journalPath(dir, g), g)
   if (r.failures) log('journal replay finished with failures', { failures: r.failures }, 'warn')
   await node.dropMined()
@@ -43,6 +44,7 @@ class Replay {
 
   constructor(
     private readonly node: AnvilNode,
+    private readonly archive: ReceiptArchive,
     private readonly log: DevnetLog,
     gens: Generations,
   ) {
@@ -79,6 +81,8 @@ class Replay {
     if (SET_NEXT_TIME.test(m)) node.nextBlockTimeSet = true
     else if (MINES.has(m)) node.nextBlockTimeSet = false
     const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))
+    // blocks a caller mined (anvil_mine: several) go into the receipt archive after
+    const before = MINES.has(m) && m !== 'evm_mine' ? Number(await node.raw('eth_blockNumber')) : -1
     const t = performance.now()
     const rs = entry.ps ? await node.ipc.callMany(m, calls) : [await node.ipc.call(m, calls[0]!)]
     this.tail.costMs += performance.now() - t
@@ -93,6 +97,10 @@ class Replay {
     })
     // What a block mined is no longer pending: one read per block here saves asking after
     // every replayed tx below (that took longer than the replay itself).
-    if (m === 'evm_mine' && !rs[0]!.error) await node.latestMined()
+    // A block mined again goes into the receipt archive again (it may have died before it did).
+    if (m === 'evm_mine' && !rs[0]!.error) {
+      const b = await node.latestMined()
+      if (b.transactions.length) await archiveBlocks(node, this.archive, Number(b.number), Number(b.number))
+    } else if (before >= 0 && !rs[0]!.error) await archiveBlocks(node, this.archive, before + 1, Number(await node.raw('eth_blockNumber')))
   }
 }

@@ -1,3 +1,4 @@
+import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Journal, journalCall, journalLine, journalRun } from './journal.js'
 import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
 import type { Miner } from './miner.js'
@@ -14,6 +15,7 @@ export class RpcFront {
     private readonly node: AnvilNode,
     private readonly journal: Journal,
     private readonly miner: Miner,
+    private readonly archive: ReceiptArchive,
     private readonly blockTimeMs: number,
   ) {}
 
@@ -31,13 +33,21 @@ export class RpcFront {
       this.miner.setAutomine(params[0] === true)
       return { jsonrpc: '2.0', id, result: null }
     }
-    if (method === 'eth_getTransactionReceipt') await this.untilMined(params[0])
+    if (method === 'eth_getTransactionReceipt') return this.receipt(id, params)
     if (isReadOnly(method)) {
       if (readsNewestBlock(method, params)) await this.miner.freshenForRead()
       return reply(id, await node.ipc.call(method, JSON.stringify(params)))
     }
     this.miner.noteWrite()
     return node.serial(() => this.write(id, method, params))
+  }
+
+  /** A tx we are about to mine is waited for; one whose block anvil forgot comes from the archive. */
+  private async receipt(id: unknown, params: unknown[]): Promise<RpcResponse> {
+    await this.untilMined(params[0])
+    const r = await this.node.ipc.call('eth_getTransactionReceipt', JSON.stringify(params))
+    if (r.error || r.result !== null || typeof params[0] !== 'string') return reply(id, r)
+    return { jsonrpc: '2.0', id, result: this.archive.find(params[0]) }
   }
 
   /** A tx we are about to mine: wait for its block instead of answering null. */
@@ -79,6 +89,7 @@ export class RpcFront {
     const { node, journal } = this
     const before = node.blocks
     const b = await node.afterMine()
+    await archiveBlocks(node, this.archive, before + 1, node.blocks)
     if (method === 'evm_mine') journal.append(journalCall('evm_mine', [b.timestamp]))
     else {
       const first = (await node.raw('eth_getBlockByNumber', [`0x${(before + 1).toString(16)}`, false])) as { timestamp: string }

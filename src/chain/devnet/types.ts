@@ -25,6 +25,12 @@ export interface DevnetOptions {
    * this (ms of chain time). Default 2000.
    */
   freshBlockMs?: number
+  /**
+   * anvil keeps the txs and receipts of this many newest blocks (default 8); older receipts are
+   * answered from the receipt archive on disk. Small keeps anvil's memory and state dumps (the
+   * chain is held while anvil dumps) the same size however many records the chain holds.
+   */
+  keepBlocks?: number
   /** An IPC call anvil has not answered within this (ms) fails; a state dump gets 4x. Default 30000. */
   ipcTimeoutMs?: number
 }
@@ -59,6 +65,10 @@ export interface DevnetStats {
   mineMs: number
   /** how long each of the last snapshots held the chain */
   snapshotMs: number[]
+  /** snapshots taken since the start */
+  snapshots: number
+  /** anvil's CPU time (ms) during each of those holds (Linux; NaN elsewhere) */
+  snapshotCpuMs: number[]
 }
 
 export interface Devnet {

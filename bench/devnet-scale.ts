@@ -1,0 +1,244 @@
+/**
+ * The embedded chain at scale (`npm run bench devnet-scale`; BENCH_DEVNET_RECORDS, default
+ * 1,000,000; BENCH_DEVNET_MAX_S, default 1500): a worker process starts the chain in a temp dir,
+ * deploys the PaymentLedger and fills it with ledger records (signed natively, sent 250 to a
+ * call the way the outbox sends them, at most 1,000 unmined), printing per 10,000 records the
+ * CPU of anvil (/proc/<pid>/stat) and of the worker, the longest send and snapshot hold, and
+ * RSS. At the target (or the time limit) this process SIGKILLs the worker mid-traffic, starts
+ * the chain again on its data dir (the restart a crash costs), checks that no acknowledged
+ * record was lost, and checks sampled records, old ones too, from their receipts' events
+ * against the contract. Loopback only; bounded in records and time.
+ *
+ *   npx tsx bench/devnet-scale.ts [--records 1000000] [--max-s 1500]
+ */
+import { type ChildProcess, spawn } from 'node:child_process'
+import * as fs from 'node:fs'
+import * as os from 'node:os'
+import * as path from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { encodeFunctionData, type Abi, type Hex, keccak256, toHex } from 'viem'
+import { mnemonicToAccount } from 'viem/accounts'
+import { DEVNET_MNEMONIC, type Devnet, startDevnet } from '../src/chain/devnet/index.js'
+import { signEip1559 } from '../src/chain/eip1559.js'
+import { encodeRecordCall } from '../src/chain/ledger-call.js'
+import type { LedgerEntry } from '../src/chain/ledger-tx.js'
+import { keccak256Bytes } from '../src/crypto/keccak.js'
+import { FastSigner } from '../src/crypto/secp256k1.js'
+
+const artifacts = JSON.parse(fs.readFileSync(new URL('../src/chain/contracts/artifacts.json', import.meta.url), 'utf8')) as {
+  PaymentLedger: { abi: Abi; bytecode: Hex }
+}
+const { abi, bytecode } = artifacts.PaymentLedger
+const CHAIN_ID = 31337
+const WINDOW = 10_000
+const BATCH = 250
+const MAX_UNMINED = 1000
+
+const arg = (name: string, dflt: number): number => {
+  const i = process.argv.indexOf(`--${name}`)
+  return i > 0 ? Number(process.argv[i + 1]) : dflt
+}
+
+const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 1 })
+const hd = account.getHdKey()
+const signer = new FastSigner(`0x${Buffer.from(hd.privateKey!).toString('hex')}`)
+
+const entryOf = (i: number): LedgerEntry => ({
+  id: keccak256(toHex(`payment-${i}`)),
+  parentTxHash: keccak256(toHex(`parent-${i}`)),
+  agentId: `agent-${i % 50}`,
+  amount: BigInt(10_000 + i),
+  protocol: i % 2 ? 'x402' : 'mpp',
+  origin: `https://merchant${i % 20}.example`,
+  pathHash: keccak256(toHex(`/api/v1/items/${i % 1000}`)),
+  depth: i % 4,
+})
+
+const sign = (data: Uint8Array, to: Uint8Array, nonce: number, gas: bigint): Hex => {
+  const raw = signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: 0n, data }, (p) =>
+    signer.signDigestBytes(keccak256Bytes(p)),
+  )
+  return `0x${raw.toString('hex')}`
+}
+
+const procCpuMs = (pid: number): number => {
+  const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100 // utime + stime, in clock ticks of 10 ms
+}
+const rssMb = (pid: number): number => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024
+const selfCpuMs = (): number => {
+  const u = process.cpuUsage()
+  return (u.user + u.system) / 1000
+}
+/** The last `k` of `xs` (none for 0). */
+const newest = (xs: number[], k: number): number[] => (k > 0 ? xs.slice(-Math.min(50, k)) : [])
+const out = (o: object): void => {
+  process.stdout.write(`${JSON.stringify(o)}\n`)
+}
+
+async function waitReceipt(d: Devnet, hash: Hex): Promise<{ contractAddress?: Hex; status: string }> {
+  for (let until = Date.now() + 60_000; Date.now() < until; await new Promise((r) => setTimeout(r, 10))) {
+    const r = (await d.request({ method: 'eth_getTransactionReceipt', params: [hash] })) as { contractAddress?: Hex; status: string } | null
+    if (r) return r
+  }
+  throw new Error(`no receipt for ${hash}`)
+}
+
+/** The worker: fills the chain until killed (or its own time limit). */
+async function worker(dir: string, records: number, maxS: number): Promise<void> {
+  const deadline = Date.now() + maxS * 1000
+  const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0 })
+  let nonce = 0
+  // a contract creation (no `to`): signed by viem, once
+  const deploy = await account.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', data: bytecode, nonce: nonce++, gas: 5_000_000n, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n })
+  const deployHash = (await d.request({ method: 'eth_sendRawTransaction', params: [deploy] })) as Hex
+  const r = await waitReceipt(d, deployHash)
+  if (!r.contractAddress) throw new Error('no ledger address')
+  out({ t: 'ledger', address: r.contractAddress, anvilPid: d.childPid })
+  const to = Buffer.from(r.contractAddress.slice(2), 'hex')
+  let acked = 0
+  let win = { anvil: procCpuMs(d.childPid), self: selfCpuMs(), maxSendMs: 0, snaps: d.stats().snapshots ?? 0, t: performance.now() }
+  while (Date.now() < deadline) {
+    const raws: Hex[] = []
+    for (let k = 0; k < BATCH; k++) raws.push(sign(encodeRecordCall(entryOf(acked + k)), to, nonce++, 200_000n))
+    const t = performance.now()
+    const rs = await d.sendRawTransactions(raws)
+    const sendMs = performance.now() - t
+    if (rs.some((x) => !('hash' in x))) throw new Error(`send refused: ${JSON.stringify(rs.find((x) => !('hash' in x)))}`)
+    const first = (rs[0] as { hash: Hex }).hash
+    acked += raws.length
+    win.maxSendMs = Math.max(win.maxSendMs, sendMs)
+    out({ t: 'acked', n: acked, ...(acked % WINDOW === BATCH ? { sample: first, i: acked - BATCH } : {}) })
+    if (acked % WINDOW === 0) {
+      const s = d.stats()
+      const anvil = procCpuMs(d.childPid)
+      const self = selfCpuMs()
+      out({
+        t: 'window',
+        n: acked,
+        anvilCpuMsPerRecord: +((anvil - win.anvil) / WINDOW).toFixed(4),
+        workerCpuMsPerRecord: +((self - win.self) / WINDOW).toFixed(4),
+        recordsPerS: Math.round(WINDOW / ((performance.now() - win.t) / 1000)),
+        maxSendMs: Math.round(win.maxSendMs),
+        snapshots: (s.snapshots ?? 0) - win.snaps,
+        snapshotsHeldMs: newest(s.snapshotMs, (s.snapshots ?? 0) - win.snaps),
+        snapshotsAnvilCpuMs: newest(s.snapshotCpuMs ?? [], (s.snapshots ?? 0) - win.snaps),
+        mineMs: s.mineMs,
+        rssMb: { node: Math.round(process.memoryUsage().rss / 2 ** 20), anvil: Math.round(rssMb(d.childPid)) },
+      })
+      win = { anvil, self, maxSendMs: 0, snaps: s.snapshots ?? 0, t: performance.now() }
+      if (acked === records) out({ t: 'done', n: acked })
+    }
+    // backpressure: at most MAX_UNMINED acknowledged and not yet mined
+    for (;;) {
+      const mined = Number(await d.request({ method: 'eth_getTransactionCount', params: [signer.address, 'latest'] }))
+      if (nonce - mined <= MAX_UNMINED) break
+      await new Promise((res) => setTimeout(res, 20))
+    }
+  }
+  out({ t: 'timeout', n: acked })
+}
+
+type Line = { t: string; n?: number; sample?: Hex; i?: number; address?: Hex; anvilPid?: number } & Record<string, unknown>
+
+/** The driver: runs the worker, kills it, restarts the chain on its data dir and checks it. */
+async function driver(records: number, maxS: number): Promise<void> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'paygate-devnet-scale-'))
+  const self = fileURLToPath(import.meta.url)
+  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', self, '--worker', dir, '--records', String(records), '--max-s', String(maxS)], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const windows: Line[] = []
+  const samples: { hash: Hex; i: number }[] = []
+  let acked = 0
+  let ledger: Hex | undefined
+  let anvilPid = 0
+  const ended = new Promise<void>((r) => child.once('exit', () => r()))
+  const lines = createInterface({ input: child.stdout! })
+  const t0 = Date.now()
+  let killed = false
+  const kill = (): void => {
+    if (!killed && child.pid) {
+      killed = true
+      process.kill(child.pid, 'SIGKILL')
+    }
+  }
+  const guard = setTimeout(kill, (maxS + 60) * 1000)
+  for await (const text of lines) {
+    const l = JSON.parse(text) as Line
+    if (l.t === 'ledger') {
+      ledger = l.address
+      anvilPid = l.anvilPid!
+    } else if (l.t === 'acked') {
+      acked = l.n!
+      if (l.sample) samples.push({ hash: l.sample, i: l.i! })
+    } else if (l.t === 'window') {
+      windows.push(l)
+      console.log(`${l.n} records (${Math.round((Date.now() - t0) / 1000)} s): ${JSON.stringify(l)}`)
+    }
+    // killed mid-traffic: the worker is still sending
+    if (l.t === 'done' || l.t === 'timeout') kill()
+  }
+  await ended
+  clearTimeout(guard)
+  if (!ledger || !windows.length) throw new Error('the worker stopped before it recorded a window')
+  // the watchdog kills anvil when the worker dies
+  for (let i = 0; i < 100 && anvilPid && fs.existsSync(`/proc/${anvilPid}`); i++) await new Promise((r) => setTimeout(r, 50))
+
+  const t = performance.now()
+  // what the restart spent (snapshot load, journal replay)
+  const log = (msg: string, fields?: object): void => {
+    if (msg === 'embedded chain ready') console.log(`restart: ${JSON.stringify(fields)}`)
+  }
+  const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, log })
+  const restartMs = Math.round(performance.now() - t)
+  const rssAfterRestart = { node: Math.round(process.memoryUsage().rss / 2 ** 20), anvil: Math.round(rssMb(d.childPid)) }
+  const call = async (functionName: string, args: unknown[] = []): Promise<Hex> =>
+    (await d.request({ method: 'eth_call', params: [{ to: ledger, data: encodeFunctionData({ abi, functionName, args }) }, 'latest'] })) as Hex
+  const count = Number(BigInt(await call('count')))
+  // every sampled record, the oldest first: its receipt (from anvil or the archive) holds the event, whose digest the contract computes alike
+  const { recordedEvents, recordDigest } = await import('../src/chain/ledger-verify.js')
+  let verified = 0
+  for (const s of samples) {
+    const r = (await d.request({ method: 'eth_getTransactionReceipt', params: [s.hash] })) as { logs: { address: string; topics: Hex[]; data: Hex }[] } | null
+    const ev = r ? recordedEvents(r.logs, ledger!)[0] : undefined
+    if (!ev || ev.entry.id !== entryOf(s.i).id) continue
+    const e = ev.entry
+    const onChain = await call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
+    if (onChain === recordDigest(e, ev.timestamp)) verified++
+  }
+  await d.close()
+  fs.rmSync(dir, { recursive: true, force: true })
+
+  const first = windows[0]
+  const last = windows[windows.length - 1]
+  const ratio = (k: string): number => +(Number(last?.[k]) / Number(first?.[k])).toFixed(2)
+  const maxHeld = Math.max(0, ...windows.flatMap((w) => w.snapshotsHeldMs as number[]))
+  const maxHeldCpu = Math.max(0, ...windows.flatMap((w) => w.snapshotsAnvilCpuMs as number[]))
+  const maxSend = Math.max(0, ...windows.map((w) => w.maxSendMs as number))
+  const rssAt = (n: number): unknown => windows.find((w) => w.n === n)?.rssMb
+  const result = {
+    recordsAcked: acked,
+    recordsOnChainAfterKill: count,
+    lost: Math.max(0, acked - count),
+    anvilCpuMsPerRecordFirstLast: [first?.anvilCpuMsPerRecord, last?.anvilCpuMsPerRecord],
+    anvilCpuRatioLastToFirst: ratio('anvilCpuMsPerRecord'),
+    workerCpuMsPerRecordFirstLast: [first?.workerCpuMsPerRecord, last?.workerCpuMsPerRecord],
+    workerCpuRatioLastToFirst: ratio('workerCpuMsPerRecord'),
+    maxSnapshotHeldMs: maxHeld,
+    maxSnapshotAnvilCpuMs: maxHeldCpu,
+    maxSendMs: maxSend,
+    rssMbAt100k: rssAt(100_000),
+    rssMbAtEnd: last?.rssMb,
+    restartAfterSigkillMs: restartMs,
+    rssAfterRestartMb: rssAfterRestart,
+    samplesVerified: `${verified}/${samples.length}`,
+  }
+  console.log(JSON.stringify(result))
+  if (result.lost > 0 || verified !== samples.length) process.exitCode = 1
+}
+
+const wi = process.argv.indexOf('--worker')
+if (wi > 0) await worker(process.argv[wi + 1]!, arg('records', 1_000_000), arg('max-s', 1500))
+else await driver(arg('records', Number(process.env.BENCH_DEVNET_RECORDS ?? 1_000_000)), arg('max-s', Number(process.env.BENCH_DEVNET_MAX_S ?? 1500)))
