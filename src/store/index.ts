@@ -48,7 +48,8 @@ export interface StoreOptions {
   walMaxBytes?: number
   /**
    * How long logged batches wait before they are written into LevelDB (ms), so one write
-   * carries many of them and a key rewritten meanwhile is written once. Default 10.
+   * carries many of them and a key rewritten meanwhile is written once (an agent's usage, the
+   * outbox nonce, the metrics buckets, a record going from pending to paid). Default 200.
    */
   applyDelayMs?: number
   /** Told when writing into LevelDB starts failing (it is retried) and when it works again (`undefined`). */
@@ -60,7 +61,7 @@ const TEXT = { keyEncoding: 'utf8', valueEncoding: 'utf8' } as const
 const REPLAY_CHUNK = 1000
 /** The data directory's lock file (it keeps the holder's pid). */
 const LOCK_FILE = 'paygate.lock'
-/** Ops per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
+/** Distinct keys per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
 const APPLY_CHUNK = 512
 
 /** A logged value not yet in LevelDB (`value` undefined: deleted), with the batch that wrote it. */
@@ -180,7 +181,7 @@ export class Store {
     } catch (e) {
       throw new PaygateError('unavailable', `${(e as Error).message}; stop that Paygate or choose another data directory (dataDir, PAYGATE_DATA_DIR)`)
     }
-    const store = new Store(join(dataDir, 'state'), opts.applyDelayMs ?? 10, opts.onApplyError ?? (() => {}))
+    const store = new Store(join(dataDir, 'state'), opts.applyDelayMs ?? 200, opts.onApplyError ?? (() => {}))
     store.lock = lock
     try {
       await store.db.open()
@@ -306,13 +307,14 @@ export class Store {
    */
   private async apply(): Promise<void> {
     while (this.toApply.length) {
+      // A slice is counted in distinct keys: batches that rewrite the same keys share one.
+      const merged = new Map<string, string | undefined>()
       let n = 0
-      let ops = 0
-      while (n < this.toApply.length && (n === 0 || ops + this.toApply[n]!.ops.length <= APPLY_CHUNK)) ops += this.toApply[n++]!.ops.length
+      while (n < this.toApply.length && (n === 0 || merged.size + this.toApply[n]!.ops.length <= APPLY_CHUNK)) {
+        for (const [key, value] of this.toApply[n++]!.ops) merged.set(key, value)
+      }
       const group = this.toApply.splice(0, n)
       const last = group[group.length - 1]!.seq
-      const merged = new Map<string, string | undefined>()
-      for (const b of group) for (const [key, value] of b.ops) merged.set(key, value)
       for (let delay = 50; ; delay = Math.min(2 * delay, 2000)) {
         try {
           await this.db.batch(levelOps(merged) as never, TEXT as never)
