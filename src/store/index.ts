@@ -256,11 +256,10 @@ export class Store {
   private flush(): void {
     this.flushQueued = false
     const group = this.pending.splice(0, this.pending.length)
-    const ok: { ops: WalOp[]; payload: string; resolve: () => void; reject: (e: unknown) => void }[] = []
+    const ok: { ops: WalOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
     for (const b of group) {
       try {
-        const ops = b.ops.map(encode)
-        ok.push({ ops, payload: JSON.stringify(ops), resolve: b.resolve, reject: b.reject })
+        ok.push({ ops: b.ops.map(encode), resolve: b.resolve, reject: b.reject })
       } catch (e) {
         b.reject(e)
       }
@@ -268,7 +267,7 @@ export class Store {
     if (!ok.length) return
     try {
       this.wal.append(
-        ok.map((b) => b.payload),
+        ok.map((b) => b.ops),
         this.seq + ok.length,
       )
     } catch (e) {
