@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url'
 import { benchAlerts } from './alerts.js'
 import { benchMetrics } from './metrics.js'
 import { benchPay } from './pay.js'
+import { benchPayAb } from './pay-ab.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
 import { benchTree } from './tree.js'
@@ -26,8 +27,9 @@ const benches: Record<string, () => Promise<void>> = {
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
   alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
 }
-/** Run only when named: `metrics` writes a million transactions (about a gigabyte) first. */
+/** Run only when named: `metrics` writes a million transactions (about a gigabyte) first; `pay-ab` needs another checkout. */
 const onRequest: Record<string, () => Promise<void>> = {
+  'pay-ab': () => benchPayAb({ rounds: 12, calls: 200 }),
   metrics: () =>
     benchMetrics({
       transactions: Number(process.env.BENCH_METRICS_TX ?? 1_000_000),
