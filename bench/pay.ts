@@ -128,7 +128,7 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   await mpool.close()
   merchant.kill('SIGTERM')
   if (process.env.BENCH_PROFILE)
-    await gw.stop() // a SIGKILL would lose the profile
+    await gw.stop('SIGTERM', 120_000) // a SIGKILL would lose the profile, and writing a long one takes a while
   else {
     // A crash with all of the above behind it: the chain comes back from its last snapshot and
     // the journal since, LevelDB from its write-ahead log.

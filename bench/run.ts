@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url'
 import { benchAlerts } from './alerts.js'
 import { benchMetrics } from './metrics.js'
 import { benchPay } from './pay.js'
+import { benchPayAb } from './pay-ab.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
 import { benchTree } from './tree.js'
@@ -36,10 +37,12 @@ function benchDevnetScale(): Promise<void> {
 
 /**
  * Run only when named: `metrics` writes a million transactions (about a gigabyte) first;
- * `devnet-scale` fills the embedded chain with a million ledger records (up to 25 minutes).
+ * `devnet-scale` fills the embedded chain with a million ledger records (up to 25 minutes);
+ * `pay-ab` needs another checkout (BENCH_AB_BASE).
  */
 const onRequest: Record<string, () => Promise<void>> = {
   'devnet-scale': benchDevnetScale,
+  'pay-ab': () => benchPayAb({ rounds: 12, calls: 200 }),
   metrics: () =>
     benchMetrics({
       transactions: Number(process.env.BENCH_METRICS_TX ?? 1_000_000),

@@ -155,6 +155,19 @@ export function fire(inp: FireInput): FireOutput {
   return out
 }
 
+/**
+ * Whether an event can send nothing and change no fired state, whatever is stored: then its
+ * entry need not be written (or expanded) at all. Paid: the agent has no alerts, and its spend
+ * today, this payment included, is under the built-in 80% warning of a daily budget (or it has
+ * none). Violation: the agent has no policy_violation alert and no account endpoint takes
+ * policy.violation. `usedToday` null: not known, so not inert.
+ */
+export function inert(ev: { kind: 'paid'; usedToday: bigint | null; dailyBudget: bigint | null } | { kind: 'violation' }, alerts: readonly Alert[], endpoints: readonly WebhookEndpoint[]): boolean {
+  if (ev.kind === 'violation') return !alerts.some((a) => a.type === 'policy_violation') && !endpoints.some((w) => w.events.includes('policy.violation'))
+  if (alerts.length || ev.usedToday === null) return false
+  return ev.dailyBudget === null || ev.dailyBudget <= 0n || !reached(ev.usedToday, ev.dailyBudget, BUDGET_WARNING_PCT)
+}
+
 /** The windows whose spend a paid event needs (those of the agent's spend_rate alerts), with their length. */
 export const windowsOf = (alerts: readonly Alert[]): Map<RateWindow, number> => new Map(alerts.filter((a) => a.type === 'spend_rate').map((a) => [a.window!, RATE_WINDOWS[a.window!]]))
 

@@ -7,7 +7,7 @@ import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
 import type { AlertBook } from './alerts.js'
 import { slackMessage } from './channels/slack.js'
-import { builtInKey, capKey, fire, testPayload, windowsOf, type Fired, type Message } from './fire.js'
+import { builtInKey, capKey, fire, inert, testPayload, windowsOf, type Fired, type Message } from './fire.js'
 import type { Alert, Delivery, EventEntry } from './model.js'
 import { type DeliveryQueue, newDeliveryId } from './queue.js'
 import type { MinuteSpend, SpendWindow } from './spend.js'
@@ -22,7 +22,8 @@ export interface NotifierOptions {
 
 /**
  * The notifier: its record-hook contributor writes an event entry (`notifyEvents`) in the
- * same atomic write as each rejected or paid record, so no event is lost in a crash and
+ * same atomic write as each rejected or paid record that could fire something (fire.ts
+ * `inert`), so no event is lost in a crash and
  * none exists for a record that was not written. It then expands each entry, in order,
  * into deliveries and the alerts' fired state in one batch of its own that also deletes
  * the entry, and hands the deliveries to the queue. Payments never wait for any of it.
@@ -70,6 +71,7 @@ export class Notifier {
       let entry: EventEntry
       const ops: BatchOp[] = []
       if (change.kind === 'rejected') {
+        if (inert({ kind: 'violation' }, this.book.ofAgent(r.agentId), this.book.listEndpoints())) return []
         entry = {
           id: this.newId(this.clock.now()),
           kind: 'violation',
@@ -83,13 +85,17 @@ export class Notifier {
       } else if (change.kind === 'paid') {
         const at = r.updatedAt
         const usage = change.usage
-        const budget = this.policies.cachedPolicy(r.agentId)?.dailyBudget
+        const policy = this.policies.cachedPolicy(r.agentId)
+        const budget = policy?.dailyBudget
+        ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
+        // Most payments can fire nothing (no alerts, under the budget's warning): no entry to write and expand.
+        const used = usage ? usedToday(usage, at) : null
+        if (policy && inert({ kind: 'paid', usedToday: used, dailyBudget: budget === undefined ? null : BigInt(budget) }, this.book.ofAgent(r.agentId), [])) return ops
         entry = {
           ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
-          ...{ usedToday: usage ? usedToday(usage, at).toString() : r.amount, periodStart: usage?.periodStart ?? null },
+          ...{ usedToday: used !== null ? used.toString() : r.amount, periodStart: usage?.periodStart ?? null },
           ...(budget !== undefined ? { dailyBudget: budget } : {}),
         }
-        ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
       } else return []
       ops.push({ type: 'put', coll: this.events as Collection<unknown>, key: entry.id, value: entry })
       this.pending.push({ id: entry.id, since: this.clock.now() })

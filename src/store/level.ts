@@ -25,7 +25,7 @@ const TEXT = { keyEncoding: 'utf8', valueEncoding: 'utf8' } as const
 /** The data directory's lock file (it keeps the holder's pid). */
 const LOCK_FILE = 'paygate.lock'
 const REPLAY_CHUNK = 1000
-/** Ops per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
+/** Distinct keys per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
 const APPLY_CHUNK = 512
 
 /** A logged value not yet in LevelDB (`value` undefined: deleted), with the batch that wrote it. */
@@ -143,7 +143,7 @@ export class LevelStore implements Store {
     } catch (e) {
       throw new PaygateError('unavailable', `${(e as Error).message}; stop that Paygate or choose another data directory (dataDir, PAYGATE_DATA_DIR)`)
     }
-    const store = new LevelStore(join(dataDir, 'state'), opts.applyDelayMs ?? 10, opts.onApplyError ?? (() => {}))
+    const store = new LevelStore(join(dataDir, 'state'), opts.applyDelayMs ?? 200, opts.onApplyError ?? (() => {}))
     store.lock = lock
     try {
       await store.db.open()
@@ -236,11 +236,10 @@ export class LevelStore implements Store {
   private flush(): void {
     this.flushQueued = false
     const group = this.pending.splice(0, this.pending.length)
-    const ok: { ops: WalOp[]; payload: string; resolve: () => void; reject: (e: unknown) => void }[] = []
+    const ok: { ops: WalOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
     for (const b of group) {
       try {
-        const ops = b.ops.map(encode)
-        ok.push({ ops, payload: JSON.stringify(ops), resolve: b.resolve, reject: b.reject })
+        ok.push({ ops: b.ops.map(encode), resolve: b.resolve, reject: b.reject })
       } catch (e) {
         b.reject(e)
       }
@@ -248,7 +247,7 @@ export class LevelStore implements Store {
     if (!ok.length) return
     try {
       this.wal.append(
-        ok.map((b) => b.payload),
+        ok.map((b) => b.ops),
         this.seq + ok.length,
       )
     } catch (e) {
@@ -287,13 +286,14 @@ export class LevelStore implements Store {
    */
   private async apply(): Promise<void> {
     while (this.toApply.length) {
+      // A slice is counted in distinct keys: batches that rewrite the same keys share one.
+      const merged = new Map<string, string | undefined>()
       let n = 0
-      let ops = 0
-      while (n < this.toApply.length && (n === 0 || ops + this.toApply[n]!.ops.length <= APPLY_CHUNK)) ops += this.toApply[n++]!.ops.length
+      while (n < this.toApply.length && (n === 0 || merged.size + this.toApply[n]!.ops.length <= APPLY_CHUNK)) {
+        for (const [key, value] of this.toApply[n++]!.ops) merged.set(key, value)
+      }
       const group = this.toApply.splice(0, n)
       const last = group[group.length - 1]!.seq
-      const merged = new Map<string, string | undefined>()
-      for (const b of group) for (const [key, value] of b.ops) merged.set(key, value)
       for (let delay = 50; ; delay = Math.min(2 * delay, 2000)) {
         try {
           await this.db.batch(levelOps(merged) as never, TEXT as never)

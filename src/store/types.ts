@@ -34,7 +34,8 @@ export interface StoreOptions {
   walMaxBytes?: number
   /**
    * How long logged batches wait before they are written into LevelDB (ms), so one write
-   * carries many of them and a key rewritten meanwhile is written once. Default 10.
+   * carries many of them and a key rewritten meanwhile is written once (an agent's usage, the
+   * outbox nonce, the metrics buckets, a record going from pending to paid). Default 200.
    */
   applyDelayMs?: number
   /** Told when writing into LevelDB starts failing (it is retried) and when it works again (`undefined`). */

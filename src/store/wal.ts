@@ -8,13 +8,69 @@ import { crc32 } from 'node:zlib'
  * bytes; a process crash loses nothing, a power cut may). LevelDB is written behind it.
  *
  * Files `<dir>/<n>.log`, each a sequence of records: u32 LE payload length, u32 LE crc32 of
- * the payload, then the payload (JSON: `[[key, value]...]`, `[key]` for a delete; keys are
- * full LevelDB keys, values their encoded JSON). A file past `maxBytes` is closed and a new
- * one started; the store removes a closed file once everything in it is in LevelDB.
+ * the payload, then the payload: a format byte 1, then per op a kind byte (1 put, 0 delete),
+ * the key (u32 LE byte length, UTF-8) and for a put the value (the same). Keys are full
+ * LevelDB keys, values their encoded JSON. Logs written before this format hold JSON
+ * payloads (`[[key, value]...]`, `[key]` for a delete), which start with `[`, and are read
+ * as such. Binary, because a JSON payload escapes every quote of the JSON values inside it:
+ * encoding it cost as much as encoding the values. A file past `maxBytes` is closed and a
+ * new one started; the store removes a closed file once everything in it is in LevelDB.
  */
 export type WalOp = [key: string, value?: string]
 
 const HEADER = 8
+const BINARY = 1
+/** What one string may take in UTF-8, at most, per UTF-16 code unit. */
+const UTF8_MAX = 3
+
+/** A record's payload back into its ops (either format). */
+function decode(payload: Buffer): WalOp[] {
+  if (payload[0] !== BINARY) return JSON.parse(payload.toString('utf8')) as WalOp[]
+  const ops: WalOp[] = []
+  let at = 1
+  const str = (): string => {
+    const len = payload.readUInt32LE(at)
+    at += 4 + len
+    return payload.toString('utf8', at - len, at)
+  }
+  while (at < payload.length) {
+    const put = payload[at++] === 1
+    const key = str()
+    ops.push(put ? [key, str()] : [key])
+  }
+  return ops
+}
+
+/** Write `s` as u32 LE byte length then UTF-8 at `at` (room checked by the caller); returns the next offset. */
+function putString(out: Buffer, at: number, s: string): number {
+  const len = out.write(s, at + 4, 'utf8')
+  out.writeUInt32LE(len, at)
+  return at + 4 + len
+}
+
+/** Records (header and binary payload) of `batches`, one per batch, in one buffer. */
+function encodeRecords(batches: readonly (readonly WalOp[])[]): Buffer {
+  let room = 0
+  for (const ops of batches) {
+    room += HEADER + 1
+    for (const [key, value] of ops) room += 9 + UTF8_MAX * (key.length + (value?.length ?? 0))
+  }
+  const out = Buffer.allocUnsafe(room)
+  let at = 0
+  for (const ops of batches) {
+    const start = at
+    at += HEADER
+    out[at++] = BINARY
+    for (const [key, value] of ops) {
+      out[at++] = value === undefined ? 0 : 1
+      at = putString(out, at, key)
+      if (value !== undefined) at = putString(out, at, value)
+    }
+    out.writeUInt32LE(at - start - HEADER, start)
+    out.writeUInt32LE(crc32(out.subarray(start + HEADER, at)), start + 4)
+  }
+  return out.subarray(0, at)
+}
 /** Log files are numbered in the order they were started: `000000000001.log`, ... */
 const FILE_RE = /^(\d{12})\.log$/
 
@@ -61,7 +117,7 @@ export class Wal {
         if (end > buf.length) break
         const payload = buf.subarray(at + HEADER, end)
         if (crc32(payload) !== buf.readUInt32LE(at + 4)) break
-        batches.push(JSON.parse(payload.toString('utf8')) as WalOp[])
+        batches.push(decode(payload))
         at = end
       }
       if (at < buf.length) torn++
@@ -77,21 +133,11 @@ export class Wal {
   }
 
   /**
-   * Append one record per payload, in one write. Throws if the write fails; the file is then
+   * Append one record per batch, in one write. Throws if the write fails; the file is then
    * cut back to where it was, so no partial record sits before the next one.
    */
-  append(payloads: string[], lastSeq: number): void {
-    const bufs: Buffer[] = []
-    let total = 0
-    for (const p of payloads) {
-      const body = Buffer.from(p, 'utf8')
-      const head = Buffer.allocUnsafe(HEADER)
-      head.writeUInt32LE(body.length, 0)
-      head.writeUInt32LE(crc32(body), 4)
-      bufs.push(head, body)
-      total += HEADER + body.length
-    }
-    const out = Buffer.concat(bufs, total)
+  append(batches: readonly (readonly WalOp[])[], lastSeq: number): void {
+    const out = encodeRecords(batches)
     let written = 0
     try {
       while (written < out.length) written += fs.writeSync(this.fd, out, written)

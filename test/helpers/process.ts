@@ -14,7 +14,8 @@ export interface GatewayProcess {
   stderr: string[]
   /** Resolves with the exit code (or signal name) once the process has exited. */
   exited: Promise<number | string>
-  stop(signal?: NodeJS.Signals): Promise<number | string>
+  /** `cutMs`: how long a shutdown may take before it is cut with a SIGKILL (a CPU profile takes a while to write). */
+  stop(signal?: NodeJS.Signals, cutMs?: number): Promise<number | string>
 }
 
 /** Run `paygate start` as a real child process and wait until it prints its API address (within `startMs`). */
@@ -27,6 +28,8 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
   const stdout: string[] = []
   const stderr: string[] = []
   const exited = new Promise<number | string>((resolve) => proc.on('exit', (code, sig) => resolve(code ?? sig ?? -1)))
+  // SPAWN_TIMEOUT_MS: a longer wait for the start line on a machine loaded by other work.
+  const waitMs = Math.max(startMs, Number(process.env.SPAWN_TIMEOUT_MS ?? 0))
   const url = await new Promise<string>((resolve, reject) => {
     let buf = ''
     let started = false
@@ -58,8 +61,8 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
       if (started) return
       // Never leave a gateway behind that did not come up (e.g. its start line was filtered by the log level).
       proc.kill('SIGKILL')
-      reject(new Error(`gateway did not start within ${startMs / 1000} s`))
-    }, startMs).unref()
+      reject(new Error(`gateway did not start within ${waitMs / 1000} s`))
+    }, waitMs).unref()
   })
   return {
     proc,
@@ -67,10 +70,10 @@ export async function spawnGateway(env: Record<string, string>, args: string[] =
     stdout,
     stderr,
     exited,
-    async stop(signal: NodeJS.Signals = 'SIGTERM') {
+    async stop(signal: NodeJS.Signals = 'SIGTERM', cutMs = 15_000) {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal)
-      // Never leave a gateway behind: a shutdown that hangs is cut after 15 s.
-      const cut = setTimeout(() => proc.kill('SIGKILL'), 15_000)
+      // Never leave a gateway behind: a shutdown that hangs is cut (after 15 s by default).
+      const cut = setTimeout(() => proc.kill('SIGKILL'), cutMs)
       const code = await exited
       clearTimeout(cut)
       return code

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { builtInKey, capKey, fire, type Fired, type FireInput } from '../../src/notify/fire.js'
+import { builtInKey, capKey, fire, inert, type Fired, type FireInput } from '../../src/notify/fire.js'
 import { maskUrl } from '../../src/notify/mask.js'
 import { alertInput, type Alert, type EventEntry } from '../../src/notify/model.js'
 import { afterFailure } from '../../src/notify/schedule.js'
@@ -120,4 +120,58 @@ t.test('the retry schedule and validation', async (t) => {
   t.equal(maskUrl('https://hooks.slack.com/services/T/B/secret'), 'https://hooks.slack.com/***')
   t.equal(maskUrl('https://u:pw@rx.test/a/0123456789abcdefghijABCDEFGH?api_key=k&x=1'), 'https://u:***@rx.test/a/***?api_key=***&x=1')
   t.equal(maskUrl('https://rx.test/hook'), 'https://rx.test/hook')
+})
+
+t.test('inert: the events that can fire nothing, whatever is stored, are the ones fire() answers with nothing', async (t) => {
+  const endpoint = (events: ('budget.warning' | 'policy.violation')[]) => ({ webhookId: 'w', url: 'http://rx.test/acct', events, createdAt: '' })
+  const violation: EventEntry = { id: 'ev', kind: 'violation', agentId: 'a', at, txId: 'tx', reason: 'domain_blocked', detail: 'd', endpoint: 'http://x/p' }
+  const cases: { name: string; ev: Parameters<typeof inert>[0]; alerts: Alert[]; endpoints: ReturnType<typeof endpoint>[]; want: boolean; fireEv: EventEntry; budget: bigint | null }[] = [
+    {
+      name: 'paid, no alerts, 79% of the budget',
+      ev: { kind: 'paid', usedToday: 79_000n, dailyBudget: 100_000n },
+      alerts: [],
+      endpoints: [endpoint(['budget.warning'])],
+      want: true,
+      fireEv: paid(0.079),
+      budget: 100_000n,
+    },
+    {
+      name: 'paid, no alerts, 80%: the warning',
+      ev: { kind: 'paid', usedToday: 80_000n, dailyBudget: 100_000n },
+      alerts: [],
+      endpoints: [endpoint(['budget.warning'])],
+      want: false,
+      fireEv: paid(0.08),
+      budget: 100_000n,
+    },
+    { name: 'paid, no budget', ev: { kind: 'paid', usedToday: 900_000n, dailyBudget: null }, alerts: [], endpoints: [endpoint(['budget.warning'])], want: true, fireEv: paid(0.9), budget: null },
+    { name: 'paid, spend today unknown', ev: { kind: 'paid', usedToday: null, dailyBudget: null }, alerts: [], endpoints: [], want: false, fireEv: paid(0.01), budget: null },
+    {
+      name: 'paid, a spend_rate alert',
+      ev: { kind: 'paid', usedToday: 10_000n, dailyBudget: null },
+      alerts: [alert('s', { type: 'spend_rate', window: '1h', thresholdUnits: '5000' })],
+      endpoints: [],
+      want: false,
+      fireEv: paid(0.01),
+      budget: null,
+    },
+    {
+      name: 'violation, no alert, no endpoint taking it',
+      ev: { kind: 'violation' },
+      alerts: [alert('b', { type: 'budget_pct', threshold: 50 })],
+      endpoints: [endpoint(['budget.warning'])],
+      want: true,
+      fireEv: violation,
+      budget: null,
+    },
+    { name: 'violation, an endpoint taking it', ev: { kind: 'violation' }, alerts: [], endpoints: [endpoint(['policy.violation'])], want: false, fireEv: violation, budget: null },
+    { name: 'violation, a policy_violation alert', ev: { kind: 'violation' }, alerts: [alert('p', {})], endpoints: [], want: false, fireEv: violation, budget: null },
+  ]
+  for (const c of cases) {
+    t.equal(inert(c.ev, c.alerts, c.endpoints), c.want, c.name)
+    if (!c.want) continue
+    // An inert event is one fire() answers with no message and no changed state.
+    const out = fire(base({ event: c.fireEv, alerts: c.alerts, endpoints: c.endpoints, dailyBudget: c.budget }))
+    t.same([out.messages, [...out.fired]], [[], []], `${c.name}: fire() agrees`)
+  }
 })

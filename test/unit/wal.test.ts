@@ -1,6 +1,7 @@
 import t, { type Test } from 'tap'
 import { spawnSync } from 'node:child_process'
-import { appendFileSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { crc32 } from 'node:zlib'
+import { appendFileSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { LevelStore } from '../../src/store/index.js'
@@ -78,7 +79,7 @@ t.test('a record cut short or failing its checksum ends the replay of its file',
   const f2 = join(dir, 'wal', walFiles(dir)[0]!)
   const bytes = readFileSync(f2)
   t.equal(bytes.length, intact.length)
-  const i = bytes.lastIndexOf('!k19"')
+  const i = bytes.lastIndexOf('!k19')
   t.ok(i > 0)
   bytes[i + 2] = '8'.charCodeAt(0) // k19 -> k89: the record still parses, only its checksum catches it
   writeFileSync(f2, bytes)
@@ -138,4 +139,35 @@ t.test('full log files are removed once LevelDB holds them; close removes the re
   t.same(again.recovered, { batches: 0, torn: 0 })
   t.equal(await again.collection('things').get('k199'), 'x'.repeat(100))
   await again.close()
+})
+
+t.test('a log left in the JSON record format of earlier versions is replayed as well', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  mkdirSync(join(dir, 'wal'), { recursive: true })
+  const record = (ops: unknown[]): Buffer => {
+    const body = Buffer.from(JSON.stringify(ops), 'utf8')
+    const head = Buffer.alloc(8)
+    head.writeUInt32LE(body.length, 0)
+    head.writeUInt32LE(crc32(body), 4)
+    return Buffer.concat([head, body])
+  }
+  writeFileSync(
+    join(dir, 'wal', '000000000001.log'),
+    Buffer.concat([
+      record([
+        ['!things!a', '{"i":1}'],
+        ['!things!b', '"ü \\" quoted"'],
+      ]),
+      record([['!things!a']]),
+      record([['!things!c', '{"i":3}']]),
+    ]),
+  )
+  const store = await LevelStore.open(dir)
+  t.teardown(() => store.close())
+  t.same(store.recovered, { batches: 3, torn: 0 })
+  const c = store.collection<unknown>('things')
+  t.same(await c.getMany(['a', 'b', 'c']), [undefined, 'ü " quoted', { i: 3 }])
+  // and what this version logs after it replays in its own format
+  await c.put('d', { s: 'ü \u{1F600} "x"' })
+  t.same(await c.get('d'), { s: 'ü \u{1F600} "x"' })
 })

@@ -1,0 +1,84 @@
+/**
+ * `BENCH_AB_BASE=<another checkout> npm run bench pay-ab`: the gateway CPU per paid call of
+ * two trees (the other checkout, with its own node_modules, and this one), each with its
+ * own gateway, embedded chain and merchant, measured in alternating windows of calls, so
+ * both see the same moments of a shared machine (whole runs of one tree may differ by 2x
+ * there). Prints the min, quartile and median of the per-window figures.
+ */
+import { readFileSync, rmSync } from 'node:fs'
+import { join, resolve } from 'node:path'
+import { Pool } from 'undici'
+import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
+import { tempDir } from '../test/helpers/gateway.js'
+import { call, spawnGateway } from '../test/helpers/process.js'
+import { cpuTimes, fmt, gatewayNodeArgs, spawnServer, throughput } from './lib.js'
+
+type Spawn = typeof spawnGateway
+const ENV = {
+  PAYGATE_API_RATE_LIMIT_PER_MINUTE: '10000000',
+  PAYGATE_API_RATE_LIMIT_BURST: '10000000',
+  PAYGATE_API_RATE_LIMIT_PER_KEY_PER_MINUTE: '10000000',
+  PAYGATE_API_RATE_LIMIT_PER_KEY_BURST: '10000000',
+}
+const AGENTS = 16
+
+/** One tree's gateway with 16 funded agents and its own merchant; `window(k)` is its CPU ms per paid call over `calls` calls by `k` callers. */
+async function side(spawn: Spawn, payTo: string, calls: number) {
+  const dataDir = tempDir('paygate-ab-')
+  const gw = await spawn({ PAYGATE_DATA_DIR: dataDir, ...ENV }, [], gatewayNodeArgs(), false)
+  const key = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  const info = (await call(gw.url, 'GET', '/v1/chain', key)).body
+  const { proc: merchant, url: murl } = await spawnServer('./x402-merchant.ts', { BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo })
+  for (let i = 0; i < AGENTS; i++) {
+    await call(gw.url, 'POST', '/v1/agents', key, { agentId: `bench${i}` })
+    await call(gw.url, 'POST', '/v1/wallets', key, { agentId: `bench${i}` })
+  }
+  const pool = new Pool(gw.url, { connections: 32 })
+  const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json' }
+  let next = 0
+  const paid = async (): Promise<void> => {
+    const body = JSON.stringify({ agentId: `bench${next++ % AGENTS}`, endpoint: `${murl}/paid`, method: 'GET' })
+    const r = await pool.request({ path: '/v1/pay', method: 'POST', headers, body })
+    const text = await r.body.text()
+    if (r.statusCode !== 200) throw new Error(`pay failed: ${r.statusCode} ${text}`)
+  }
+  return {
+    paid,
+    async window(callers: number): Promise<number> {
+      const c0 = cpuTimes({ g: [gw.proc.pid!] })
+      const t = await throughput(callers, calls, 60_000, paid)
+      return ((cpuTimes({ g: [gw.proc.pid!] }).g! - c0.g!) / t.n) as number
+    },
+    async stop(): Promise<void> {
+      await pool.close()
+      merchant.kill('SIGTERM')
+      await gw.stop('SIGTERM', 120_000)
+      rmSync(dataDir, { recursive: true, force: true })
+    },
+  }
+}
+
+const quantile = (xs: number[], q: number): string => fmt([...xs].sort((a, b) => a - b)[Math.floor(q * (xs.length - 1))]!, 3)
+
+export async function benchPayAb(opts: { rounds: number; calls: number }): Promise<void> {
+  const baseDir = process.env.BENCH_AB_BASE
+  if (!baseDir) throw new Error('pay-ab needs BENCH_AB_BASE=<the checkout to compare with>')
+  const { spawnGateway: spawnBase } = (await import(resolve(baseDir, 'test/helpers/process.ts'))) as { spawnGateway: Spawn }
+  const payTo = privateKeyToAccount(generatePrivateKey()).address
+  const sides = { base: await side(spawnBase, payTo, opts.calls), this: await side(spawnGateway, payTo, opts.calls) }
+  for (const s of Object.values(sides)) await throughput(4, 1500, 60_000, s.paid) // warm-up: JIT, pools, caches
+  const got = { base: { one: [] as number[], many: [] as number[] }, this: { one: [] as number[], many: [] as number[] } }
+  for (let r = 0; r < opts.rounds; r++) {
+    // Every other round in reverse order: neither tree always goes first.
+    const order = (r % 2 ? ['base', 'this'] : ['this', 'base']) as (keyof typeof sides)[]
+    for (const k of order) got[k].one.push(await sides[k].window(1))
+    for (const k of order) got[k].many.push(await sides[k].window(16))
+  }
+  console.log(`\n== gateway CPU ms per paid call, ${opts.rounds} alternating windows of ${opts.calls} calls (base: ${baseDir}) ==`)
+  for (const [k, g] of Object.entries(got)) {
+    console.log(
+      `${k.padEnd(5)} sequential: min ${quantile(g.one, 0)} p25 ${quantile(g.one, 0.25)} median ${quantile(g.one, 0.5)}; 16 callers: min ${quantile(g.many, 0)} p25 ${quantile(g.many, 0.25)} median ${quantile(g.many, 0.5)}`,
+    )
+  }
+  for (const s of Object.values(sides)) await s.stop()
+}
