@@ -1,8 +1,10 @@
 import { existsSync, readFileSync } from 'node:fs'
+import { createServer, type Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import t, { type Test } from 'tap'
 import pg from 'pg'
-import { createPublicClient, createWalletClient, http, type Address } from 'viem'
+import { createPublicClient, createWalletClient, http, type Address, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
@@ -57,7 +59,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
   // once. The others wait for the first's setup (and the machine may be busy): 90 s each.
   const replicas = await Promise.all(dirs.map((d) => spawnGateway({ PAYGATE_DATA_DIR: d, PAYGATE_MASTER_KEY: MASTER_KEY, ...shared }, [], [], true, 90_000)))
   t.teardown(() => Promise.all(replicas.map((g) => g.stop('SIGKILL'))))
-  const [a, b] = replicas
+  const [a, b, c] = replicas
   const keyFiles = dirs.filter((d) => existsSync(join(d, 'account-key')))
   t.equal(keyFiles.length, 1, 'one replica created the first account key; the others found it')
   const acct = readFileSync(join(keyFiles[0]!, 'account-key'), 'utf8').trim()
@@ -180,6 +182,68 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     const received = await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
     t.equal(received, PRICE, 'paid once on chain')
     await ledgerConfirmed(t, 'idem', 1)
+  })
+
+  t.test('a replica SIGKILLed mid-payment: the others leave it alone while its lease lives, then settle it once', async (t) => {
+    const facilitator = privateKeyToAccount(generatePrivateKey())
+    await anvil.request('anvil_setBalance', [facilitator.address, '0x56bc75e2d63100000'])
+    const wc = createWalletClient({ account: facilitator, chain: evm, transport: http(anvil.url) })
+    // A spec-shape target that settles the payment on chain and never answers.
+    const payTo = privateKeyToAccount(generatePrivateKey()).address
+    let settlements = 0
+    const srv: Server = createServer(async (req, res) => {
+      const xp = req.headers['x-payment']
+      if (!xp) {
+        const resource = `http://127.0.0.1:${(srv.address() as AddressInfo).port}${req.url}`
+        return void res
+          .writeHead(402, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ scheme: 'exact', network: `eip155:${CHAIN_ID}`, token: addrs.token, amount: '50000', payTo, resource }))
+      }
+      const p = JSON.parse(Buffer.from(String(xp), 'base64').toString()).payload
+      const hash = await wc.writeContract({
+        address: addrs.token as Address,
+        abi: paygateUsdcAbi,
+        functionName: 'transferWithAuthorization',
+        args: [p.from, p.to, BigInt(p.amount), BigInt(p.validAfter), BigInt(p.validBefore), p.nonce, req.headers['x-payment-signature'] as Hex],
+      })
+      if ((await pub.waitForTransactionReceipt({ hash })).status === 'success') settlements++
+    })
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
+    t.teardown(() => {
+      srv.closeAllConnections()
+      return new Promise<void>((r) => srv.close(() => r()))
+    })
+    const w = (await call(a!.url, 'POST', '/v1/wallets', acct, { agentId: 'cut' })).body
+    t.equal((await call(a!.url, 'PUT', '/v1/policies/cut', acct, { dailyBudget: { usdc: 1 } })).status, 200)
+    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.address, 1_000_000n] }) })
+    const doomed = await spawnGateway({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_MASTER_KEY: MASTER_KEY, PAYGATE_PAY_TIMEOUT_MS: '60000', ...shared }, [], [], true, 90_000)
+    t.teardown(() => doomed.stop('SIGKILL'))
+    const cut = call(doomed.url, 'POST', '/v1/pay', acct, { agentId: 'cut', endpoint: `http://127.0.0.1:${(srv.address() as AddressInfo).port}/report` }).catch(() => null)
+    for (let i = 0; i < 400 && settlements === 0; i++) await new Promise((r) => setTimeout(r, 50))
+    t.equal(settlements, 1, 'the target settled the payment')
+    t.equal(await doomed.stop('SIGKILL'), 'SIGKILL')
+    await cut
+
+    const txOf = async (g: (typeof replicas)[number]) => (await call(g.url, 'GET', '/v1/transactions?agentId=cut', acct)).body.transactions as { status: string; amountPaid: { usdc: number } }[]
+    // Its lease outlives it by up to its TTL (15 s): right after the kill the payment is still its own.
+    t.same(
+      (await txOf(b!)).map((x) => x.status),
+      ['pending'],
+      'another replica does not touch it while the lease lives',
+    )
+    let txs = await txOf(b!)
+    for (let i = 0; i < 240 && txs[0]?.status !== 'paid'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      txs = await txOf(replicas[i % replicas.length]!)
+    }
+    t.same(
+      txs.map((x) => [x.status, x.amountPaid.usdc]),
+      [['paid', 0.05]],
+      'then a surviving replica settles it as the chain says: paid, once',
+    )
+    t.equal(settlements, 1, 'never paid a second time')
+    t.equal(await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] }), 50_000n, 'the target received it once')
+    t.equal((await call(c!.url, 'GET', '/v1/policies/cut', acct)).body.dailyBudget.usedToday, 0.05, 'counted once in the usage')
   })
 
   t.test('a replica that finds a newer schema refuses to start, saying so', async (t) => {
