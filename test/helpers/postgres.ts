@@ -4,7 +4,7 @@ import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
-import tap, { type Test } from 'tap'
+import type { Test } from 'tap'
 
 /**
  * A throwaway PostgreSQL cluster for tests: Debian's `postgresql` server (installed by
@@ -118,7 +118,9 @@ let shared: Promise<PgCluster> | undefined
 export function sharedPostgres(): Promise<PgCluster> {
   if (!shared) {
     shared = startPostgres()
-    tap.teardown(async () => (await shared)?.stop())
+    // tap is loaded here only: benches import these helpers and must not become tap tests
+    // (a root test with tap's 30 s timeout). The cluster also stops at process exit.
+    void import('tap').then(({ default: tap }) => tap.teardown(async () => (await shared)?.stop()))
   }
   return shared
 }
