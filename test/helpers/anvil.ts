@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process'
-import { createServer } from 'node:net'
 import { anvilBinary } from '../../src/chain/devnet/anvil.js'
+import { freePort } from './ports.js'
 
 /**
  * A standalone anvil (the npm package's binary, as the embedded chain uses) on a free loopback
@@ -12,14 +12,6 @@ export interface Anvil {
   pid: number
   request<T = unknown>(method: string, params?: unknown[]): Promise<T>
   stop(): void
-}
-
-async function freePort(): Promise<number> {
-  const s = createServer()
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
-  const port = (s.address() as { port: number }).port
-  await new Promise((r) => s.close(r))
-  return port
 }
 
 export async function startAnvil(chainId = 31338): Promise<Anvil> {
