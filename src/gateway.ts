@@ -146,13 +146,15 @@ interface Started {
   releaseReplica?: () => Promise<void>
 }
 
-/** Stop what a failed start set running, at once (no grace: nothing was served yet). */
-async function stopStarted(s: Started): Promise<void> {
+/**
+ * Stop what was started, in order: both listeners drain within `graceMs` (0 for a failed start:
+ * nothing was served yet), then the rest. Whatever a failed start did not reach is skipped.
+ */
+async function closeStarted(s: Started, graceMs: number): Promise<void> {
+  await Promise.all([s.api && closeServer(s.api, graceMs), s.proxy?.close(graceMs)])
   s.stopSweeping?.()
   await s.notify?.close()
   s.prometheus?.close()
-  if (s.api) await closeServer(s.api, 0)
-  await s.proxy?.close(0)
   await s.reconciler?.close()
   await s.releaseReplica?.()
   await s.outbox?.close()
@@ -385,21 +387,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
       close: () => (closing ??= closeStarted(s, config.shutdown.graceMs)),
     }
   } catch (e) {
-    await stopStarted(s)
+    await closeStarted(s, 0)
     throw e
   }
-}
-
-/** Graceful stop of a started gateway: both listeners drain within `graceMs`, then the rest in order. */
-async function closeStarted(s: Started, graceMs: number): Promise<void> {
-  await Promise.all([closeServer(s.api!, graceMs), s.proxy!.close(graceMs)])
-  s.stopSweeping!()
-  await s.notify!.close()
-  s.prometheus?.close()
-  await s.reconciler!.close()
-  await s.releaseReplica?.()
-  await s.outbox!.close()
-  await s.upstream!.close()
-  await s.chain!.close()
-  await s.store.close()
 }
