@@ -16,7 +16,7 @@ import { transactionRoutes } from './api/routes/transactions.js'
 import { invokeRoutes } from './api/routes/invoke.js'
 import { runRoutes } from './api/routes/runs.js'
 import { InvocationRunner } from './invoke/runner.js'
-import { closeInterrupted } from './invoke/recover.js'
+import { closeInterrupted, closeOrphaned } from './invoke/recover.js'
 import { InvocationBook } from './policy/invocations.js'
 import { alertRoutes } from './api/routes/alerts.js'
 import { deliveryRoutes } from './api/routes/deliveries.js'
@@ -243,9 +243,12 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const upstream = (s.upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs))
   const events = new EventBus()
   const hooks = new RecordHooks()
-  // Invocation caps follow their payments' records in the same writes.
-  const invocations = new InvocationBook(l.store)
-  hooks.add(invocations.contributor)
+  const locks = new CrossLocks(l.store, clock)
+  // In memory, invocation caps follow their payments' records in the same writes; shared by
+  // replicas, each section reads its tree under the tree's lock and settles payments itself.
+  const shared = locks.shared ? { owner: locks.replicaId, payments: (ids: string[]) => l.transactions.records.getMany(ids), alive: (id: string) => locks.alive(id) } : null
+  const invocations = new InvocationBook(l.store, shared)
+  if (!shared) hooks.add(invocations.contributor)
   hooks.add(l.aggregates.contributor)
   hooks.addPreparer(l.aggregates.prepare)
   const rails = railsOf(config, opts)
@@ -253,7 +256,6 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const mpp = new MppAdapter(upstream, new MppSessions(l.store, l.registry, clock), rails, settings, clock)
   const paymentAuth = new PaymentAuthAdapter(upstream, rails.get('card') ?? null, settings.rates, clock, config.pay.maxAuthorizationSeconds)
   const adapters = [new X402Adapter(upstream, config.pay.maxAuthorizationSeconds), mpp, paymentAuth]
-  const locks = new CrossLocks(l.store, clock)
   const engine = new PaymentEngine({
     ...{ store: l.store, registry: l.registry, policies: l.policies, wallets: l.walletStore, chain: l.chain, upstream, transactions: l.transactions, outbox: l.outbox, events, hooks, clock, log },
     ...{ adapters, mpp, acceptPayment: paymentAuth.acceptPayment, invocations, locks },
@@ -263,6 +265,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
     ...{ clock, timeoutMs: config.invoke.timeoutMs },
   })
   const reconciler = (s.reconciler = new Reconciler(engine, l.chain, l.transactions, clock, log))
+  if (shared) reconciler.alsoEachPass(() => closeOrphaned(invocations, runner, log))
   s.releaseReplica = locks.holdReplicaLease()
   reconciler.start()
   const idempotency = new Idempotency(l.store, clock, config.pay.idempotencyTtlHours * 3_600_000, locks)

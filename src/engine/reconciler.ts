@@ -13,6 +13,7 @@ import type { PaymentEngine } from './engine.js'
 export class Reconciler {
   private timer: NodeJS.Timeout | null = null
   private running: Promise<void> | null = null
+  private extra: (() => Promise<unknown>)[] = []
 
   constructor(
     private readonly engine: PaymentEngine,
@@ -25,6 +26,11 @@ export class Reconciler {
 
   start(): void {
     this.tick()
+  }
+
+  /** Also run `fn` after each pass (another owner's leftovers to take over, on a shared store). */
+  alsoEachPass(fn: () => Promise<unknown>): void {
+    this.extra.push(fn)
   }
 
   private tick(): void {
@@ -46,6 +52,7 @@ export class Reconciler {
       if (r.owner && r.owner !== this.engine.locks.replicaId && (await this.engine.locks.alive(r.owner))) continue
       await this.settle(r)
     }
+    for (const fn of this.extra) await fn()
   }
 
   private async settle(r: TxRecord): Promise<void> {

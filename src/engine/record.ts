@@ -7,7 +7,7 @@ import { isEip3009, type Transactions, type TxRecord } from '../ledger/transacti
 import type { PolicyStore } from '../policy/store.js'
 import { commit, release, usedToday, type UsageState } from '../policy/usage.js'
 import type { Settlement } from '../protocols/types.js'
-import type { BatchOp, Store } from '../store/index.js'
+import type { BatchOp, Store, Txn } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
 import { toUsdcNumber } from '../util/money.js'
 import { outcome, type Result } from '../util/result.js'
@@ -57,10 +57,10 @@ export class Recorder {
    * and returns the batch; it is written in call order and awaited by the caller outside the
    * lock (`written`). A failure drops the cached usage so it is read again.
    */
-  async usage<T>(agentId: string, fn: (usage: UsageState) => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
+  async usage<T>(agentId: string, fn: (usage: UsageState, tx: Txn) => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
     const forget = (): void => this.d.policies.forgetUsage(agentId)
     try {
-      const r = await this.d.store.transact(`usage\u0000${agentId}`, async () => fn(await this.d.policies.usageOf(agentId)))
+      const r = await this.d.store.transact(`usage\u0000${agentId}`, async (tx) => fn(await this.d.policies.usageOf(agentId), tx))
       return {
         result: r.result,
         written: r.written.then((w) => {

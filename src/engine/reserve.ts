@@ -57,7 +57,7 @@ export async function reserve(
     const rejected: TxRecord = { ...base, status: 'rejected', reason, detail }
     return { ops: d.recorder.ops({ kind: 'rejected', record: rejected }), result: { kind: 'rejected', reason, detail } as Reservation }
   }
-  const { result, written } = await d.recorder.usage<Reservation>(agentId, async (usage) => {
+  const { result, written } = await d.recorder.usage<Reservation>(agentId, async (usage, tx) => {
     const policy = await d.policies.policyOf(agentId)
     const covered = capId ? coveredByCap(usage, capId, plan.amount) : 0n
     // Decided as of now, in the lock: a rate window must count the payments committed while
@@ -65,7 +65,7 @@ export async function reserve(
     const decision = decide(policy, usage, { host: domainOf(req.url), amount: plan.amount, covered }, Math.max(now, d.clock.now()))
     if (!decision.ok) return refuse(decision.reason, decision.detail)
     // Then the innermost invocation's cap (checked again, and taken, once funds are known).
-    const fit = inv && d.invocations ? d.invocations.fits(inv.id, plan.amount) : { ok: true as const }
+    const fit = inv && d.invocations ? await d.invocations.fits(inv.id, plan.amount) : { ok: true as const }
     if (!fit.ok) return refuse('budget_exceeded', fit.detail)
     // The wallet was looked up alongside; a missing one is reported only now, after the policy had its say.
     const found = await wallet
@@ -90,13 +90,12 @@ export async function reserve(
     d.leases.take(base.id)
     let capOps: BatchOp[] = []
     if (inv && d.invocations) {
-      const taken = d.invocations.holdPayment(inv.id, base.id, plan.amount)
-      if (!taken) {
+      const taken = await d.invocations.holdPayment(tx, inv.id, base.id, plan.amount)
+      if (!taken.ok) {
         d.leases.drop(base.id)
-        const again = d.invocations.fits(inv.id, plan.amount)
-        return refuse('budget_exceeded', again.ok ? 'invocation closed' : again.detail)
+        return refuse('budget_exceeded', taken.detail)
       }
-      capOps = taken
+      capOps = taken.ops
     }
     const held: UsageState = capId ? holdDrawn(usage, { id: base.id, amount: base.amount, at: now }, capId) : hold(usage, { id: base.id, amount: base.amount, at: now })
     const ops = d.recorder.ops({ kind: 'reserved', record: rec }, [d.policies.usageOp(agentId, held), ...capOps])

@@ -120,21 +120,22 @@ export class InvocationRunner {
       depth,
     }
     const base: Omit<InvocationRecord, 'rootTxHash' | 'capHold'> = {
-      ...{ id, agentId, status: 'open', createdAt: now, tokenHash: tokenHash(token), rootTxId, depth, parentId: parent?.id ?? null },
+      ...{ id, agentId, status: 'open', createdAt: now, tokenHash: tokenHash(token), rootTxId, depth, parentId: parent?.id ?? null, topId: parent ? (parent.topId ?? parent.id) : id },
       ...{ invokers: [...(parent?.invokers ?? []), agentId], agentEndpoint: input.agentEndpoint, cap: cap.toString(), spent: '0', holds: {}, chain: [] },
       ...(input.runId ? { runId: input.runId } : {}),
       ...(input.idempotencyKey ? { idempotencyKey: input.idempotencyKey } : {}),
     }
     const entry: LedgerEntry = { id: recordIdOf(rootTxId), parentTxHash: (parentTxHash as `0x${string}` | null) ?? ZERO32, agentId, amount: 0n, protocol: '', origin: '', pathHash: ZERO32, depth }
     let opened: InvocationRecord | null = null
-    const { result } = await this.d.engine.recorder.usage(agentId, async (usage) => {
+    const shared = this.d.book.isShared
+    const { result, written: locked } = await this.d.engine.recorder.usage(agentId, async (usage, tx) => {
       const policy = await this.d.policies.policyOf(agentId)
       // A nested cap is carved from its parent's alone: only the domain lists apply here.
       const decision = decideCapHold(policy, usage, { host: domainOf(input.agentEndpoint), cap: parent ? 0n : cap }, now)
       if (!decision.ok) throw new PaygateError('policy_violation', decision.detail, { extra: { reason: decision.reason } })
       let parentOps: BatchOp[] = []
       if (parent) {
-        const carved = this.d.book.carve(parent.id, id, cap)
+        const carved = await this.d.book.carve(tx, parent.id, id, cap)
         if (!carved.ok) throw new PaygateError('budget_exceeded', carved.detail)
         parentOps = carved.ops
       }
@@ -144,23 +145,38 @@ export class InvocationRunner {
         opened = { ...base, rootTxHash: hash, capHold }
         const rootRec: TxRecord = { ...root, txHash: hash, ledger: { status: 'queued' } }
         this.d.transactions.pin(rootRec)
-        return [...this.d.transactions.ops(rootRec), ...this.d.book.opened(opened), ...parentOps, ...usageOps]
+        return [...this.d.transactions.ops(rootRec), ...this.d.book.opened(opened), ...(shared ? [] : [...parentOps, ...usageOps])]
       })
-      return { ops: [], result: outcome(pending) }
+      // Shared by replicas: the carve and the cap hold are written under the locks they were
+      // decided in (the outbox's batch lands after them, when another replica may have moved on).
+      return { ops: shared ? [...parentOps, ...usageOps] : [], result: outcome(pending) }
     })
     const written = await result
-    if (!written.ok || !opened) {
+    const decided = await locked
+    if (!written.ok || !opened || !decided.ok) {
       this.d.policies.forgetUsage(agentId)
-      if (parent) this.d.book.uncarve(parent.id, id)
-      if (opened) this.d.book.dropOpened(opened)
-      throw written.ok ? new PaygateError('internal_error', 'the invocation was not recorded') : written.error
+      if (shared && decided.ok) await this.undoOpen(agentId, id, parent?.id ?? null)
+      if (!shared && parent) await this.d.book.uncarve(parent.id, id)
+      if (!shared && opened) this.d.book.dropOpened(opened)
+      // Shared, opened but its carve or hold not written: its token is never handed out, and it closes with its parent or at the next sweep.
+      throw !decided.ok ? decided.error : written.ok ? new PaygateError('internal_error', 'the invocation was not recorded') : written.error
     }
     return { rec: opened, token }
   }
 
+  /** Shared by replicas: give back the carve and the cap hold of an invocation whose opening write failed. */
+  private async undoOpen(agentId: string, id: string, parentId: string | null): Promise<void> {
+    const { written } = await this.d.engine.recorder.usage(agentId, async (usage, tx) => {
+      const ops = parentId ? await this.d.book.uncarve(parentId, id, tx) : []
+      if (usage.holds?.some((h) => h.id === capHoldId(id))) ops.push(this.d.policies.usageOp(agentId, release(usage, capHoldId(id))))
+      return { ops, result: undefined }
+    })
+    await written
+  }
+
   /** POST the task to the sub-agent through the engine (its 402 is paid under the cap); the answer's output. */
   private async call(rec: InvocationRecord, token: string, input: InvokeInput): Promise<unknown> {
-    const left = capLeft(this.d.book.openRecord(rec.id) ?? rec)
+    const left = capLeft((await this.d.book.live(rec.id)) ?? rec)
     const out = await this.d.engine.pay({
       agentId: rec.agentId,
       url: input.agentEndpoint,
@@ -192,7 +208,7 @@ export class InvocationRunner {
    * Closing one already closed returns it as it was stored.
    */
   async close(id: string, status: 'closed' | 'interrupted'): Promise<InvocationRecord> {
-    const open = this.d.book.openRecord(id)
+    const open = await this.d.book.live(id)
     if (!open) {
       const stored = await this.d.book.get(id)
       if (!stored) throw new PaygateError('internal_error', `invocation ${id} is not known`)
@@ -200,10 +216,11 @@ export class InvocationRunner {
     }
     const now = this.d.clock.now()
     const roots = new Map<string, TxRecord | undefined>()
-    const { result, written } = await this.d.engine.recorder.usage(open.agentId, async (usage) => {
-      // The roots are read first: the close itself must be one synchronous step.
-      for (const r of this.d.book.openTree(id)) roots.set(r.rootTxId, this.d.transactions.liveRecord(r.rootTxId) ?? (await this.d.transactions.get(r.rootTxId)))
-      const { closed, ops } = this.d.book.close(id, status, now)
+    const { result, written } = await this.d.engine.recorder.usage(open.agentId, async (usage, tx) => {
+      // The roots are read first: in memory the close itself must be one synchronous step.
+      for (const r of await this.d.book.openTree(id, tx)) roots.set(r.rootTxId, this.d.transactions.liveRecord(r.rootTxId) ?? (await this.d.transactions.get(r.rootTxId)))
+      const { closed, ops } = await this.d.book.close(tx, id, status, now)
+      if (!closed.length) return { ops: [], result: (await this.d.book.get(id))! }
       for (const c of closed) {
         // Pinned since it opened: its newest state, whatever the outbox wrote meanwhile.
         const prev = this.d.transactions.liveRecord(c.rootTxId) ?? roots.get(c.rootTxId)

@@ -1,7 +1,7 @@
 import { LevelStore } from './level.js'
 import type { Store as StoreApi, StoreOptions } from './types.js'
 
-export type { BatchOp, Collection, RangeOptions, StoreOptions } from './types.js'
+export type { BatchOp, Collection, RangeOptions, StoreOptions, Txn } from './types.js'
 export { LevelStore }
 
 /** The durable state, on whichever backend the config names (`store.postgresUrl`, else LevelDB). */

@@ -5,7 +5,7 @@ import { PaygateError } from '../errors/index.js'
 import { lockFile, type FileLock } from '../util/file-lock.js'
 import { KeyedMutex } from '../util/mutex.js'
 import { outcome, type Result } from '../util/result.js'
-import type { BatchOp, Collection, RangeOptions, Store, StoreOptions } from './types.js'
+import type { BatchOp, Collection, RangeOptions, Store, StoreOptions, Txn } from './types.js'
 import { Wal, type WalOp } from './wal.js'
 
 /**
@@ -204,10 +204,24 @@ export class LevelStore implements Store {
    * `written` outside the lock (the next decision need not wait for the disk). A database
    * backend implements the same with a row lock held until its batch commits.
    */
-  async transact<T>(key: string, fn: () => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
+  async transact<T>(key: string, fn: (tx: Txn) => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
     return this.locks.run(key, async () => {
-      const { ops, result } = await fn()
-      return { result, written: outcome(this.batch(ops as BatchOp[])) }
+      let held: Map<string, Promise<() => void>> | undefined
+      const tx: Txn = {
+        also: async (other) => {
+          if (other === key) return
+          held ??= new Map()
+          const got = held.get(other) ?? this.locks.acquire(other)
+          held.set(other, got)
+          await got
+        },
+      }
+      try {
+        const { ops, result } = await fn(tx)
+        return { result, written: outcome(this.batch(ops as BatchOp[])) }
+      } finally {
+        if (held) for (const got of held.values()) void got.then((release) => release())
+      }
     })
   }
 

@@ -3,7 +3,7 @@ import pg from 'pg'
 import { KeyedMutex } from '../util/mutex.js'
 import { outcome, type Result } from '../util/result.js'
 import { LOCK, migrate, withSessionLock } from './postgres-schema.js'
-import type { BatchOp, Collection, RangeOptions, Store, StoreOptions } from './types.js'
+import type { BatchOp, Collection, RangeOptions, Store, StoreOptions, Txn } from './types.js'
 
 /**
  * PostgreSQL state (the `pg` package lives only here and in `postgres-schema.ts`), shared by
@@ -206,7 +206,7 @@ export class PostgresStore implements Store {
     return withSessionLock(this.pool, LOCK.init, fn)
   }
 
-  async transact<T>(key: string, fn: () => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
+  async transact<T>(key: string, fn: (tx: Txn) => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
     if (this.state !== 'open') throw new Error('store: closed')
     // Same-key callers in this process queue here rather than each holding a connection.
     return this.locks.run(key, async () => {
@@ -216,10 +216,20 @@ export class PostgresStore implements Store {
       let fnFailed = false
       try {
         await c.query('BEGIN')
-        await c.query({ name: 'paygate_lock', text: 'SELECT pg_advisory_xact_lock($1::bigint)', values: [lockId(key)] })
+        const lock = (k: string) => c.query({ name: 'paygate_lock', text: 'SELECT pg_advisory_xact_lock($1::bigint)', values: [lockId(k)] })
+        await lock(key)
+        const held = new Map<string, Promise<unknown>>([[key, Promise.resolve()]])
+        // More keys on the same transaction: freed with it, and no second connection to wait for.
+        const tx: Txn = {
+          also: async (other) => {
+            const got = held.get(other) ?? lock(other)
+            held.set(other, got)
+            await got
+          },
+        }
         let out: { ops: readonly BatchOp[]; result: T }
         try {
-          out = await fn()
+          out = await fn(tx)
         } catch (e) {
           fnFailed = true
           await c.query('ROLLBACK').catch((err: Error) => (broken = err))

@@ -29,6 +29,17 @@ export type BatchOp =
   /** `latest`: the value is taken when the batch is logged (the newest state of a key kept in memory). */
   { type: 'put'; coll: Collection<unknown>; key: string; value: unknown; latest?: () => unknown } | { type: 'del'; coll: Collection<unknown>; key: string }
 
+/** What a transact() section can do besides reading and returning its batch. */
+export interface Txn {
+  /**
+   * Hold `key`'s lock too until this section's batch is written (PostgreSQL: `key`'s advisory
+   * lock on the same transaction, so no second connection; LevelDB: this process's lock of
+   * `key`). Take locks in one order everywhere (an agent's usage before an invocation tree),
+   * so two sections never wait on each other.
+   */
+  also(key: string): Promise<void>
+}
+
 export interface StoreOptions {
   /** Start a new write-ahead log file past this size (bytes). Default 16 MiB. */
   walMaxBytes?: number
@@ -62,7 +73,7 @@ export interface Store {
    * and the operations it returns are written as one batch ordered before the next holder's
    * reads. `written` tells whether the batch was written.
    */
-  transact<T>(key: string, fn: () => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }>
+  transact<T>(key: string, fn: (tx: Txn) => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }>
   /**
    * Run one-time setup (the first account key, the master key check, the chain signer)
    * holding the initialisation lock: on PostgreSQL a session advisory lock every replica

@@ -19,4 +19,11 @@ export class KeyedMutex {
       if (this.tails.get(key) === tail) this.tails.delete(key)
     }
   }
+
+  /** Wait for `key`, then hold it until the returned release is called (for a hold that outlives one callback). */
+  acquire(key: string): Promise<() => void> {
+    return new Promise((acquired) => {
+      this.run(key, () => new Promise<void>((release) => acquired(release))).catch(() => {})
+    })
+  }
 }

@@ -73,6 +73,39 @@ for (const backend of STORE_BACKENDS) {
       t.equal(await c.get('a'), 1)
     })
 
+    t.test('transact: tx.also holds a second key until the batch is written, across stores on one database', async (t) => {
+      const { store, url } = await testStore(t, undefined, backend)
+      const other = url ? await Store.open('/nonexistent-unused', { postgresUrl: url }) : store
+      if (other !== store) t.teardown(() => other.close())
+      const c = store.collection<number>('counters')
+      // Many sections under different outer keys, all also taking 'shared': its read-modify-writes never interleave.
+      const runs = Array.from({ length: 24 }, (_, i) =>
+        (i % 2 ? other : store).transact(`outer-${i % 6}`, async (tx) => {
+          await tx.also('shared')
+          await tx.also('shared') // taking it twice is harmless
+          const n = (await c.get('n')) ?? 0
+          await new Promise((r) => setTimeout(r, 2)) // another holder would come in here without the lock
+          return { ops: [{ type: 'put' as const, coll: c, key: 'n', value: n + 1 }], result: null }
+        }),
+      )
+      for (const r of await Promise.all(runs)) t.ok((await r.written).ok)
+      t.equal(await c.get('n'), 24, 'no lost update under the second key')
+      // A plain transact of the second key waits for a section holding it.
+      let release!: () => void
+      const gate = new Promise<void>((r) => (release = r))
+      const holding = store.transact('outer-x', async (tx) => {
+        await tx.also('shared')
+        await gate
+        return { ops: [{ type: 'put' as const, coll: c, key: 'n', value: 100 }], result: null }
+      })
+      await new Promise((r) => setTimeout(r, 50))
+      const after = other.transact('shared', async () => ({ ops: [], result: await c.get('n') }))
+      await new Promise((r) => setTimeout(r, 50))
+      release()
+      await (await holding).written
+      t.equal((await after).result, 100, 'it read after the holder wrote')
+    })
+
     t.test('withInitLock: one holder at a time, across stores on one database; one-time setup runs once', async (t) => {
       const { store, url } = await testStore(t, undefined, backend)
       // On PostgreSQL a second store on the same database stands for another replica.
