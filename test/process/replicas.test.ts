@@ -166,6 +166,112 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     t.equal(policy.rateLimit.usedThisHour, 7, 'the shared rate window counts them all')
   })
 
+  /** A sub-agent on loopback: each task POSTed to `/<name>` runs `work[name]` with the invocation's token; answers `{output}`. */
+  async function subAgent(t: Test, work: Record<string, (token: string) => Promise<unknown>>): Promise<string> {
+    const srv = createServer(async (req, res) => {
+      for await (const _ of req);
+      const output = await work[req.url!.slice(1)]!(String(req.headers['x-paygate-invocation']))
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ output }))
+    })
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
+    t.teardown(() => {
+      srv.closeAllConnections()
+      return new Promise<void>((r) => srv.close(() => r()))
+    })
+    return `http://127.0.0.1:${(srv.address() as AddressInfo).port}`
+  }
+
+  /** A new agent with a funded wallet (created through A, funded by the bank); its agent key. */
+  async function fundedAgent(agentId: string, policy?: Record<string, unknown>): Promise<string> {
+    const key = (await call(a!.url, 'POST', '/v1/agents', acct, { agentId })).body.apiKey as string
+    const w = (await call(b!.url, 'POST', '/v1/wallets', acct, { agentId })).body
+    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.address, 1_000_000n] }) })
+    if (policy) await call(a!.url, 'PUT', `/v1/policies/${agentId}`, acct, policy)
+    return key
+  }
+
+  const post = async (base: string, path: string, key: string, headers: Record<string, string>, body: unknown) => {
+    const res = await fetch(base + path, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) })
+    const text = await res.text()
+    return { status: res.status, body: text ? JSON.parse(text) : undefined, text }
+  }
+
+  t.test(`${CALLS} concurrent payments across three replicas under an invocation cap that allows exactly 10`, async (t) => {
+    const facilitatorKey = generatePrivateKey()
+    await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+    const payTo = privateKeyToAccount(generatePrivateKey()).address
+    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token as Address }, facilitatorKey, payTo, price: PRICE })
+    t.teardown(() => m.close())
+    const orchKey = await fundedAgent('orch', { dailyBudget: { usdc: 1 } })
+    const subKey = await fundedAgent('isub')
+    // The sub-agent pays with the token through all three replicas at once; the cap opened on A holds on each.
+    const sub = await subAgent(t, {
+      crawl: async (token) => {
+        const results = await Promise.all(
+          Array.from({ length: CALLS }, (_, i) => post(replicas[i % replicas.length]!.url, '/v1/pay', subKey, { 'x-paygate-invocation': token }, { agentId: 'isub', endpoint: `${m.url}/paid` })),
+        )
+        const byOutcome: Record<string, number> = {}
+        for (const r of results) {
+          const k = r.status === 200 ? 'paid' : `${r.status} ${r.body?.error}`
+          byOutcome[k] = (byOutcome[k] ?? 0) + 1
+        }
+        return byOutcome
+      },
+    })
+    const r = await post(a!.url, '/v1/agents/invoke', orchKey, { 'x-agent-id': 'orch' }, { agentEndpoint: `${sub}/crawl`, task: { q: 'everything' }, budget: { usdc: 0.01 } })
+    t.equal(r.status, 200, r.text)
+    t.same(r.body.output, { paid: 10, '402 budget_exceeded': CALLS - 10 }, 'exactly 10 paid across the replicas; the other 290 refused by the cap')
+    t.same(r.body.totalCost, { usdc: 0.01 }, 'the invocation cost its cap')
+    t.equal(r.body.paymentChain.length, 10, 'ten payments in its chain')
+    t.equal(new Set(r.body.paymentChain).size, 10, 'each once')
+    t.equal(m.stats.settleCalls, 10, 'the merchant settled 10')
+    t.equal(await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] }), 10n * PRICE, 'exactly 10 payments on chain')
+    await ledgerConfirmed(t, 'isub', 10)
+    const tree = await call(c!.url, 'GET', `/v1/transactions/${r.body.txHash}/tree`, acct)
+    t.same([tree.body.totalCost, tree.body.txCount], [{ usdc: 0.01 }, 10], 'the tree, read through another replica')
+    t.equal((await call(b!.url, 'GET', '/v1/policies/orch', acct)).body.dailyBudget.usedToday, 0, "the orchestrator's cap hold is released (it spent nothing itself)")
+  })
+
+  t.test('an invocation whose replica is SIGKILLed: closed as interrupted by another once its lease ends, its cap hold released', async (t) => {
+    const orchKey = await fundedAgent('orph', { dailyBudget: { usdc: 1 } })
+    let started!: () => void
+    const working = new Promise<void>((r) => (started = r))
+    const sub = await subAgent(t, {
+      hang: () => {
+        started()
+        return new Promise(() => {})
+      },
+      quick: async () => 'done',
+    })
+    const doomed = await spawnGateway({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_MASTER_KEY: MASTER_KEY, PAYGATE_INVOKE_TIMEOUT_MS: '120000', ...shared }, [], [], true, 90_000)
+    t.teardown(() => doomed.stop('SIGKILL'))
+    const cut = post(doomed.url, '/v1/agents/invoke', orchKey, { 'x-agent-id': 'orph' }, { agentEndpoint: `${sub}/hang`, task: {}, budget: { usdc: 0.5 } }).catch(() => null)
+    await working
+    t.equal(await doomed.stop('SIGKILL'), 'SIGKILL')
+    await cut
+    const invokeOn = (g: (typeof replicas)[number], usdc: number) => post(g.url, '/v1/agents/invoke', orchKey, { 'x-agent-id': 'orph' }, { agentEndpoint: `${sub}/quick`, task: {}, budget: { usdc } })
+    const roots = async () => (await call(b!.url, 'GET', '/v1/transactions?agentId=orph', acct)).body.transactions as { kind: string; status: string }[]
+    t.same(
+      (await roots()).map((x) => [x.kind, x.status]),
+      [['invocation', 'open']],
+      'still open while its replica may be alive',
+    )
+    const refused = await invokeOn(b!, 0.6)
+    t.same([refused.status, refused.body.reason], [402, 'daily_budget_exceeded'], 'its cap hold still counts against the daily budget')
+    let now = await roots()
+    for (let i = 0; i < 240 && now[0]?.status === 'open'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      now = await roots()
+    }
+    t.same(
+      now.map((x) => [x.kind, x.status]),
+      [['invocation', 'interrupted']],
+      'closed as interrupted by a surviving replica after the lease',
+    )
+    const whole = await invokeOn(c!, 1)
+    t.equal(whole.status, 200, `the whole daily budget is free again: ${whole.text}`)
+  })
+
   t.test('50 concurrent calls with one idempotency key across the replicas pay once', async (t) => {
     const facilitatorKey = generatePrivateKey()
     await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
