@@ -4,6 +4,11 @@ import type { AnvilNode } from './node.js'
 
 type Receipt = { transactionHash: string }
 
+/** Receipts kept in memory (about 1 KB each): several seconds of a busy chain. */
+const RECENT = 4096
+/** How much of a bucket one read takes, scanning back from its end. */
+const SCAN_CHUNK = 64 * 1024
+
 /**
  * Receipts of every mined tx, on disk, for after anvil forgets them: anvil keeps the txs and
  * receipts of its newest `keepBlocks` blocks only (--transaction-block-keeper), so that its
@@ -15,6 +20,8 @@ type Receipt = { transactionHash: string }
  */
 export class ReceiptArchive {
   private readonly fds = new Map<string, number>()
+  /** The newest RECENT receipts archived by this process, by hash (insertion order: oldest first). */
+  private readonly recent = new Map<string, string>()
 
   constructor(
     private readonly dir: string,
@@ -36,13 +43,20 @@ export class ReceiptArchive {
       const b = h.slice(2, 4)
       let lines = byBucket.get(b)
       if (!lines) byBucket.set(b, (lines = []))
-      lines.push(`${h} ${JSON.stringify(r)}\n`)
+      const json = JSON.stringify(r)
+      lines.push(`${h} ${json}\n`)
+      this.remember(h, json)
     }
     for (const [b, lines] of byBucket) {
       let fd = this.fds.get(b)
       if (fd === undefined) this.fds.set(b, (fd = this.open(b)))
       fs.writeSync(fd, lines.join(''))
     }
+  }
+
+  private remember(h: string, json: string): void {
+    this.recent.set(h, json)
+    if (this.recent.size > RECENT) this.recent.delete(this.recent.keys().next().value!)
   }
 
   /** Opens a bucket for appending, dropping a line torn by a kill mid-write (reads the end only: a bucket grows with history). */
@@ -62,24 +76,54 @@ export class ReceiptArchive {
     return fd
   }
 
-  /** The archived receipt of `hash`, or null. */
+  /**
+   * The archived receipt of `hash`, or null. Recent receipts (the ones asked for: a payment
+   * confirmed a few blocks after anvil forgot it) are answered from memory; older ones by
+   * reading the bucket backwards from its end, so a lookup never reads more history than
+   * it must.
+   */
   find(hash: string): unknown {
     const h = hash.toLowerCase()
     if (!/^0x[0-9a-f]{64}$/.test(h)) return null
-    let text: string
+    const recent = this.recent.get(h)
+    if (recent !== undefined) return JSON.parse(recent) as unknown
+    const line = this.scanBack(h)
+    return line === null ? null : (JSON.parse(line) as unknown)
+  }
+
+  /** The receipt JSON of `h` in its bucket, searched from the end in chunks; null when absent. */
+  private scanBack(h: string): string | null {
+    let fd: number
     try {
-      text = fs.readFileSync(this.file(h.slice(2, 4)), 'utf8')
+      fd = fs.openSync(this.file(h.slice(2, 4)), 'r')
     } catch {
       return null
     }
-    let at = 0
-    if (!text.startsWith(`${h} `)) {
-      at = text.indexOf(`\n${h} `) + 1
-      if (at === 0) return null
+    try {
+      const needle = Buffer.from(`${h} `)
+      let end = fs.fstatSync(fd).size
+      // Bytes after the chunk being read, up to the first newline in them (a line cut by the chunk's end).
+      let carry = Buffer.alloc(0)
+      while (end > 0) {
+        const n = Math.min(SCAN_CHUNK, end)
+        const chunk = Buffer.alloc(n)
+        fs.readSync(fd, chunk, 0, n, end - n)
+        end -= n
+        const buf = carry.length ? Buffer.concat([chunk, carry]) : chunk
+        for (let at = buf.lastIndexOf(needle); at >= 0; at = at > 0 ? buf.lastIndexOf(needle, at - 1) : -1) {
+          // A line's start: the file's first byte, or after a newline (within this buffer).
+          if (at === 0 ? end !== 0 : buf[at - 1] !== 10) continue
+          const stop = buf.indexOf(10, at)
+          if (stop < 0) break // a torn last line
+          return buf.subarray(at + needle.length, stop).toString('utf8')
+        }
+        const nl = buf.indexOf(10)
+        carry = nl < 0 ? buf : buf.subarray(0, nl + 1)
+      }
+      return null
+    } finally {
+      fs.closeSync(fd)
     }
-    const end = text.indexOf('\n', at)
-    if (end < 0) return null // a torn last line
-    return JSON.parse(text.slice(at + h.length + 1, end)) as unknown
   }
 
   close(): void {

@@ -1,0 +1,53 @@
+import { appendFileSync, readdirSync, statSync } from 'node:fs'
+import { join } from 'node:path'
+import t from 'tap'
+import { ReceiptArchive } from '../../src/chain/devnet/archive.js'
+import { testDir } from '../helpers/gateway.js'
+
+/** The embedded chain's receipt archive on a real directory: lookups from memory and from the files, across restarts. */
+const hashOf = (i: number, bucket = 'ab'): string => `0x${bucket}${i.toString(16).padStart(62, '0')}`
+const receipt = (i: number, bucket = 'ab') => ({ transactionHash: hashOf(i, bucket), blockNumber: `0x${(i >> 3).toString(16)}`, logs: [{ data: `0x${'5'.repeat(200)}`, i }] })
+
+t.test('every receipt is found: recent ones and old ones, across chunk boundaries, after a restart', async (t) => {
+  const dir = testDir(t)
+  const archive = new ReceiptArchive(dir, 8)
+  // One bucket (all hashes start 0xab) far past the in-memory window and many scan chunks.
+  const N = 6000
+  for (let i = 0; i < N; i += 8) archive.add(Array.from({ length: 8 }, (_, k) => receipt(i + k)))
+  archive.add([receipt(1, 'cd')])
+  t.ok(statSync(join(dir, 'receipts-ab.ndjson')).size > 1_000_000, 'the bucket spans many chunks')
+  const check = (a: ReceiptArchive, label: string) => {
+    let wrong = 0
+    for (const i of [0, 1, 7, 8, 999, 1000, 2047, 3000, 4095, 5000, N - 1]) if ((a.find(hashOf(i)) as { logs: { i: number }[] } | null)?.logs[0]?.i !== i) wrong++
+    for (let i = 0; i < N; i += 37) if ((a.find(hashOf(i).toUpperCase().replace('0X', '0x')) as { logs: { i: number }[] } | null)?.logs[0]?.i !== i) wrong++
+    t.equal(wrong, 0, `${label}: each found, with its own receipt`)
+    t.match(a.find(hashOf(1, 'cd')), { transactionHash: hashOf(1, 'cd') }, `${label}: another bucket`)
+    t.equal(a.find(hashOf(N + 5)), null, `${label}: an unknown hash is null`)
+    t.equal(a.find(hashOf(5, 'ef')), null, `${label}: a bucket never written is null`)
+    t.equal(a.find('0x1234'), null, `${label}: not a hash`)
+  }
+  check(archive, 'the writer')
+  archive.close()
+  const again = new ReceiptArchive(dir, 8)
+  check(again, 'after a restart (nothing in memory)')
+  again.close()
+})
+
+t.test('a torn last line is never answered; the line before it still is; reopening drops it', async (t) => {
+  const dir = testDir(t)
+  const archive = new ReceiptArchive(dir, 8)
+  archive.add([receipt(1), receipt(2)])
+  archive.close()
+  appendFileSync(join(dir, 'receipts-ab.ndjson'), `${hashOf(3)} {"transactionHash":"${hashOf(3)}","cut`)
+  const reader = new ReceiptArchive(dir, 8)
+  t.equal(reader.find(hashOf(3)), null, 'the torn receipt is not found')
+  t.match(reader.find(hashOf(2)), { transactionHash: hashOf(2) })
+  reader.add([receipt(4)])
+  t.match(reader.find(hashOf(4)), { transactionHash: hashOf(4) })
+  reader.close()
+  const fresh = new ReceiptArchive(dir, 8)
+  t.match(fresh.find(hashOf(4)), { transactionHash: hashOf(4) }, 'written after the torn line was dropped')
+  t.equal(fresh.find(hashOf(3)), null)
+  t.same(readdirSync(dir), ['receipts-ab.ndjson'])
+  fresh.close()
+})
