@@ -1,5 +1,5 @@
-import type { BatchOp, Collection, Store } from '../store/index.js'
-import { type Bucket, decodeBucket, emptyBucket, type StoredBucket } from './buckets.js'
+import type { BatchOp, Collection, RangeOptions, Store } from '../store/index.js'
+import { type Bucket, decodeBucket, emptyBucket, encodeBucket, type StoredBucket, totalsEntry } from './buckets.js'
 import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } from './windows.js'
 
 /**
@@ -77,10 +77,10 @@ export class Deleter {
 
 /**
  * Read the buckets of `coll` in `range`, handing each still kept at `now` to `onBucket` and
- * deleting those past retention. Returns how many were read.
+ * deleting those past retention (`store` null: only skipping them). Returns how many were read.
  */
 export async function readBuckets(
-  store: Store,
+  store: Store | null,
   coll: Collection<StoredBucket>,
   range: { gte?: string; lt?: string },
   parse: (key: string) => { precision: Precision; start: number } | null,
@@ -88,17 +88,17 @@ export async function readBuckets(
   onBucket: (precision: Precision, start: number, b: Bucket) => void,
 ): Promise<number> {
   let n = 0
-  const stale = new Deleter(store, coll as Collection<unknown>)
+  const stale = store && new Deleter(store, coll as Collection<unknown>)
   for await (const [key, value] of coll.entries(range)) {
     const k = parse(key)
     if (!k) continue
-    if (!kept(k.precision, k.start, now)) await stale.del(key)
+    if (!kept(k.precision, k.start, now)) await stale?.del(key)
     else {
       onBucket(k.precision, k.start, decodeBucket(value))
       n++
     }
   }
-  await stale.done()
+  await stale?.done()
   return n
 }
 
@@ -150,10 +150,17 @@ export async function writeValues(store: Store, coll: Collection<unknown>, value
 
 /**
  * Read the account's buckets (each a key of its own and one key per endpoint and by-agent
- * entry), handing each still kept at `now` to `onBucket` whole; those past retention are deleted.
+ * entry), handing each still kept at `now` to `onBucket` whole; those past retention are deleted
+ * (`store` null: skipped). `range` and `prefix` (which every key then starts with): a part of them.
  */
-export async function readAccount(store: Store, coll: Collection<unknown>, now: number, onBucket: (precision: Precision, start: number, b: Bucket) => void): Promise<number> {
-  const stale = new Deleter(store, coll)
+export async function readAccount(
+  store: Store | null,
+  coll: Collection<unknown>,
+  now: number,
+  onBucket: (precision: Precision, start: number, b: Bucket) => void,
+  { range, prefix = '' }: { range?: RangeOptions; prefix?: string } = {},
+): Promise<number> {
+  const stale = store && new Deleter(store, coll)
   let current: { precision: Precision; start: number; b: Bucket } | null = null
   let n = 0
   const done = (): void => {
@@ -161,11 +168,11 @@ export async function readAccount(store: Store, coll: Collection<unknown>, now: 
     current = null
   }
   // A bucket's key sorts just before its entries' keys.
-  for await (const [key, value] of coll.entries()) {
-    const k = parseAccountKey(key)
+  for await (const [key, value] of coll.entries(range)) {
+    const k = parseAccountKey(prefix ? key.slice(prefix.length) : key)
     if (!k) continue
     if (!kept(k.precision, k.start, now)) {
-      await stale.del(key)
+      await stale?.del(key)
       continue
     }
     if (!current || current.precision !== k.precision || current.start !== k.start) {
@@ -180,6 +187,20 @@ export async function readAccount(store: Store, coll: Collection<unknown>, now: 
     }
   }
   done()
-  await stale.done()
+  await stale?.done()
   return n
+}
+
+/** The account's buckets as stored: each bucket without its maps, and each endpoint and by-agent entry under a key of its own. */
+export function* accountValues(account: { minutes: Map<number, Bucket>; hours: Map<number, Bucket> }): Iterable<[string, unknown]> {
+  for (const [precision, m] of [
+    ['minute', account.minutes],
+    ['hour', account.hours],
+  ] as const) {
+    for (const [start, b] of m) {
+      yield [accountKey(precision, start), encodeBucket(b, false)]
+      for (const [name, e] of b.endpoints) yield [accountPartKey(precision, start, 'e', name), totalsEntry(e)]
+      for (const [name, e] of b.byAgent ?? []) yield [accountPartKey(precision, start, 'a', name), totalsEntry(e)]
+    }
+  }
 }
