@@ -2,13 +2,30 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { accountKey, accountPartKey, accountValues, agentRange, agentsIn, bucketKey, clear, dropOld, parseBucketKey, readAccount, readBuckets, writeValues } from './bucket-store.js'
-import { canonical, emptyBucket, encodeBucket, endpointKey, mergeInto, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
+import {
+  accountKey,
+  accountPartKey,
+  accountValues,
+  agentRange,
+  agentsIn,
+  bucketKey,
+  clear,
+  dropOld,
+  keptLevel,
+  type Level,
+  parseBucketKey,
+  readAccount,
+  readBuckets,
+  writeValues,
+} from './bucket-store.js'
+import { canonical, encodeBucket, endpointKey, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
+import { type AgentBuckets, addHour, ALL, bucketOf, newBuckets } from './agent-buckets.js'
 import { applyAccount, applyDelta, deltasOf, deltasOfRecord, type Delta } from './deltas.js'
 import { Folder, type FoldOptions, type Liveness } from './fold.js'
 import { REPLICA_ACCOUNT, REPLICA_AGENTS, replicaRows, SharedReader, type Rows } from './replica-rows.js'
-import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision, type Span } from './windows.js'
+import { DAY_MS, floorTo, HOUR_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision, type Span } from './windows.js'
 
+export type { AgentBuckets } from './agent-buckets.js'
 export { bucketKey, parseBucketKey } from './bucket-store.js'
 
 /** Bump when what is stored changes: a store whose aggregates are older is backfilled again. 3: the account's buckets (its map entries under keys of their own). */
@@ -22,22 +39,6 @@ const PRUNE_EVERY_MS = 10 * MINUTE_MS
 /** The account's key prefix in `snapshot()` (agent ids cannot hold `:`). */
 const ACCOUNT_SNAPSHOT = 'account:'
 
-export interface AgentBuckets {
-  /** By bucket start (ms): the minutes from `minutesFrom` on (all of them once read). */
-  minutes: Map<number, Bucket>
-  /** The hours from `loadedFrom` on (all of them once the agent is loaded). */
-  hours: Map<number, Bucket>
-  /** The hours summed by UTC day, in memory only: long windows read days. Whole for days from `loadedFrom` on. */
-  days: Map<number, Bucket>
-  prunedAt: number
-  /** Hours before this (a UTC day start) are still only in the store; -Infinity: every hour is in memory. */
-  loadedFrom: number
-  /** The same for minutes (an hour start). */
-  minutesFrom: number
-}
-
-const ALL = Number.NEGATIVE_INFINITY
-const newBuckets = (loadedFrom: number, minutesFrom = loadedFrom): AgentBuckets => ({ minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0, loadedFrom, minutesFrom })
 /** Read at start: minutes from the hour before the current one, hours from the UTC day two days back (what live writes touch). */
 const EAGER_MINUTES_MS = HOUR_MS
 
@@ -46,19 +47,6 @@ const NONE: readonly BatchOp[] = Object.freeze([])
 /** A store shared by replicas: this replica's identity, the others' liveness, and a lock across them for long sections (`CrossLocks`). */
 export interface SharedOptions extends Liveness {
   run<T>(name: string, fn: () => Promise<T>): Promise<T>
-}
-
-function bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
-  const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
-  let b = m.get(start)
-  if (!b) m.set(start, (b = emptyBucket()))
-  return b
-}
-
-/** Put `b` (an hour) into `a` with its day sum. */
-function addHour(a: AgentBuckets, start: number, b: Bucket): void {
-  a.hours.set(start, b)
-  mergeInto(bucketOf(a, 'day', floorTo(start, DAY_MS)), b, true)
 }
 
 /**
@@ -174,12 +162,15 @@ export class Aggregates {
     const hour = bucketOf(a, 'hour', hourStart)
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
+    const dayStart = floorTo(d.at, DAY_MS)
+    const [day, acctHour, acctDay] = [bucketOf(a, 'day', dayStart), bucketOf(this.account, 'hour', hourStart), bucketOf(this.account, 'day', dayStart)]
     applyDelta(hour, d, endpoint)
-    applyDelta(bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
-    const acctHour = bucketOf(this.account, 'hour', hourStart)
+    applyDelta(day, d, endpoint)
     applyAccount(acctHour, d, endpoint)
-    applyAccount(bucketOf(this.account, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
+    applyAccount(acctDay, d, endpoint)
     if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'hour', hourStart), hour), ...this.accountOps('hour', hourStart, acctHour, d, endpoint))
+    // A shared store keeps the days as rows too: a long window reads them, not every hour.
+    if (ops && this.shared) ops.push(this.putOp(bucketKey(d.agentId, 'day', dayStart), day), ...this.accountOps('day', dayStart, acctDay, d, endpoint))
     if (!kept('minute', minuteStart, now)) return
     const minute = bucketOf(a, 'minute', minuteStart)
     applyDelta(minute, d, endpoint)
@@ -208,7 +199,7 @@ export class Aggregates {
   }
 
   /** The account bucket without its maps, and the one endpoint and by-agent entry a payment changed (each its own key). */
-  private accountOps(precision: Precision, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
+  private accountOps(precision: Level, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
     const { account: coll, prefix } = this.rows
     const entry = (m: Map<string, EndpointTotals> | undefined, name: string) => () => totalsEntry(m!.get(name)!)
     const ops: BatchOp[] = [{ type: 'put', coll, key: prefix + accountKey(precision, start), value: true, latest: () => encodeBucket(b, false) }]
@@ -218,7 +209,7 @@ export class Aggregates {
     return ops
   }
 
-  private accountDels(precision: Precision, start: number, b: Bucket): BatchOp[] {
+  private accountDels(precision: Level, start: number, b: Bucket): BatchOp[] {
     const del = (key: string): BatchOp => ({ type: 'del', coll: this.rows.account, key: this.rows.prefix + key })
     const out = [del(accountKey(precision, start))]
     for (const name of b.endpoints.keys()) out.push(del(accountPartKey(precision, start, 'e', name)))
@@ -233,15 +224,17 @@ export class Aggregates {
     for (const [precision, m] of [
       ['minute', a.minutes],
       ['hour', a.hours],
+      ['day', a.days],
     ] as const) {
       for (const [start, b] of m) {
-        if (kept(precision, start, now)) continue
+        if (keptLevel(precision, start, now)) continue
         m.delete(start)
+        // Days are rows only on a shared store (on LevelDB only memory, the sums of the hours).
+        if (precision === 'day' && !this.shared) continue
         if (agentId === null) ops.push(...this.accountDels(precision, start, b))
         else ops.push({ type: 'del', coll: this.rows.agents as Collection<unknown>, key: this.rows.prefix + bucketKey(agentId, precision, start) })
       }
     }
-    for (const start of a.days.keys()) if (start + DAY_MS <= now - HOUR_RETENTION_MS) a.days.delete(start)
   }
 
   /** Add a record as it stands (a backfill or a recount: everything in memory). */
@@ -297,7 +290,7 @@ export class Aggregates {
   private async load(now: number): Promise<number> {
     let n = await readAccount(this.store, this.accountColl, now, (precision, start, b) => {
       if (precision === 'minute') this.account.minutes.set(start, b)
-      else addHour(this.account, start, b)
+      else if (precision === 'hour') addHour(this.account, start, b)
     })
     const from = floorTo(now - MINUTE_RETENTION_MS, DAY_MS)
     const minutesFrom = floorTo(now - EAGER_MINUTES_MS, HOUR_MS)
@@ -338,6 +331,7 @@ export class Aggregates {
     for (const [agentId, a] of this.agents) {
       for (const [start, b] of a.minutes) yield [bucketKey(agentId, 'minute', start), b]
       for (const [start, b] of a.hours) yield [bucketKey(agentId, 'hour', start), b]
+      if (this.shared) for (const [start, b] of a.days) yield [bucketKey(agentId, 'day', start), b]
     }
   }
 
@@ -347,7 +341,7 @@ export class Aggregates {
 
   /** The account's buckets as the contributor writes them (each map entry its own key); returns how many buckets. */
   private async writeAccount(): Promise<number> {
-    await writeValues(this.store, this.accountColl, accountValues(this.account))
+    await writeValues(this.store, this.accountColl, accountValues(this.account, this.shared !== null))
     return this.account.minutes.size + this.account.hours.size
   }
 

@@ -1,8 +1,8 @@
 import type { BatchOp, Collection, Store } from '../store/index.js'
-import { accountKey, agentsIn, Deleter, dropOld, parseAccountKey, parseBucketKey } from './bucket-store.js'
+import { accountKey, agentsIn, Deleter, dropOld, keptLevel, type Level, parseAccountKey, parseBucketKey } from './bucket-store.js'
 import { decodeBucket, encodeBucket, mergeInto, type StoredBucket } from './buckets.js'
 import { baseRows, FOLD_COLL, FOLD_GEN_KEY, REPLICA_ACCOUNT, REPLICA_AGENTS, replicaIdsIn, replicaRows } from './replica-rows.js'
-import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision } from './windows.js'
+import { DAY_MS, HOUR_RETENTION_MS, MINUTE_RETENTION_MS } from './windows.js'
 
 /**
  * Folding a stopped replica's metrics rows into the base rows (replica ids are new at every
@@ -25,14 +25,14 @@ export type RowKind = 'agents' | 'account'
 export function mergeStored(kind: RowKind, key: string, base: unknown, add: unknown, now: number): unknown {
   if (kind === 'agents') {
     const k = parseBucketKey(key)
-    if (!k || !kept(k.precision, k.start, now)) return undefined
+    if (!k || !keptLevel(k.precision, k.start, now)) return undefined
     if (base === undefined) return add
     const b = decodeBucket(base as StoredBucket)
     mergeInto(b, decodeBucket(add as StoredBucket), true)
     return encodeBucket(b)
   }
   const k = parseAccountKey(key)
-  if (!k || !kept(k.precision, k.start, now)) return undefined
+  if (!k || !keptLevel(k.precision, k.start, now)) return undefined
   if (base === undefined) return add
   if (k.part) {
     const [s1, n1] = base as [string, number]
@@ -89,14 +89,14 @@ export async function foldReplica(store: Store, replicaId: string, now: number):
 async function pruneBase(store: Store, now: number): Promise<void> {
   const base = baseRows(store)
   for await (const agentId of agentsIn(base.agents)) {
-    await dropOld(store, base.agents, agentId, 'minute', now)
-    await dropOld(store, base.agents, agentId, 'hour', now)
+    for (const p of ['minute', 'hour', 'day'] as const) await dropOld(store, base.agents, agentId, p, now)
   }
   const stale = new Deleter(store, base.account)
   for (const [p, retention] of [
     ['minute', MINUTE_RETENTION_MS],
     ['hour', HOUR_RETENTION_MS],
-  ] as [Precision, number][]) {
+    ['day', HOUR_RETENTION_MS + DAY_MS],
+  ] as [Level, number][]) {
     // A key range ends before the first bucket still kept (its entries' keys sort right after it).
     for await (const key of base.account.keys({ gte: accountKey(p, 0), lt: accountKey(p, Math.max(0, now - retention)) })) await stale.del(key)
   }

@@ -1,8 +1,8 @@
 import type { Collection, Store } from '../store/index.js'
-import type { AgentBuckets } from './aggregates.js'
-import { accountKey, agentRange, parseBucketKey, readAccount, readBuckets } from './bucket-store.js'
-import { emptyBucket, mergeInto, type Bucket, type StoredBucket } from './buckets.js'
-import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, type Precision, type Span } from './windows.js'
+import { type AgentBuckets, ALL, newBuckets } from './agent-buckets.js'
+import { accountKey, agentRange, type Level, parseBucketKey, readAccount, readBuckets } from './bucket-store.js'
+import { mergeInto, type Bucket, type StoredBucket } from './buckets.js'
+import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, type Span } from './windows.js'
 
 /**
  * The aggregates on a store shared by replicas (PostgreSQL). Each replica writes only rows of
@@ -50,48 +50,40 @@ export async function* replicaIdsIn(coll: Collection<unknown>): AsyncIterable<st
 }
 
 export interface SpanRead {
-  precision: Precision
+  precision: Level
   from: number
   /** Exclusive. */
   to: number
 }
 
 /**
- * The bucket ranges `sumAgent` may read for `span`: for minute precision the minutes at the
- * edges (all of them for a minute series or a span within one hour) and the whole hours
- * between; for hour precision every hour (the days it reads are their sums).
+ * The bucket ranges `sumAgent` may read for `span`: the fine buckets (minutes, or hours for
+ * hour precision) at the edges and the whole coarse ones (hours, or UTC days) between; every
+ * fine bucket too when its series is finer than the coarse level or no coarse bucket fits.
  */
 export function spanReads(span: Span): SpanRead[] {
-  if (span.precision === 'hour') return [{ precision: 'hour', from: span.from, to: span.last + HOUR_MS }]
-  const end = span.last + MINUTE_MS
-  const firstHour = Math.ceil(span.from / HOUR_MS) * HOUR_MS
-  const endHour = floorTo(end, HOUR_MS)
-  if (firstHour >= endHour) return [{ precision: 'minute', from: span.from, to: end }]
-  const hours: SpanRead = { precision: 'hour', from: firstHour, to: endHour }
-  if (span.step < HOUR_MS) return [{ precision: 'minute', from: span.from, to: end }, hours]
-  return [{ precision: 'minute', from: span.from, to: firstHour }, hours, { precision: 'minute', from: endHour, to: end }].filter((r) => r.to > r.from) as SpanRead[]
+  const [fine, coarse, fineMs, coarseMs]: [Level, Level, number, number] = span.precision === 'minute' ? ['minute', 'hour', MINUTE_MS, HOUR_MS] : ['hour', 'day', HOUR_MS, DAY_MS]
+  const end = span.last + fineMs
+  const first = Math.ceil(span.from / coarseMs) * coarseMs
+  const endCoarse = floorTo(end, coarseMs)
+  if (first >= endCoarse) return [{ precision: fine, from: span.from, to: end }]
+  const between: SpanRead = { precision: coarse, from: first, to: endCoarse }
+  if (span.step < coarseMs) return [{ precision: fine, from: span.from, to: end }, between]
+  const edges: SpanRead[] = [
+    { precision: fine, from: span.from, to: first },
+    { precision: fine, from: endCoarse, to: end },
+  ]
+  return [edges[0]!, between, edges[1]!].filter((r) => r.to > r.from)
 }
 
-export const emptyView = (): AgentBuckets => ({
-  minutes: new Map(),
-  hours: new Map(),
-  days: new Map(),
-  prunedAt: 0,
-  loadedFrom: Number.NEGATIVE_INFINITY,
-  minutesFrom: Number.NEGATIVE_INFINITY,
-})
+export const emptyView = (): AgentBuckets => newBuckets(ALL)
 
-/** Add a bucket read from one source into the sum (an hour into its UTC day too). */
-export function addInto(into: AgentBuckets, precision: Precision, start: number, b: Bucket): void {
-  const m = precision === 'minute' ? into.minutes : into.hours
+/** Add a bucket read from one source into the sum. */
+export function addInto(into: AgentBuckets, precision: Level, start: number, b: Bucket): void {
+  const m = precision === 'minute' ? into.minutes : precision === 'hour' ? into.hours : into.days
   const have = m.get(start)
   if (have) mergeInto(have, b, true)
   else m.set(start, b)
-  if (precision === 'minute') return
-  const day = floorTo(start, DAY_MS)
-  let d = into.days.get(day)
-  if (!d) into.days.set(day, (d = emptyBucket()))
-  mergeInto(d, b, true)
 }
 
 /** One source's buckets of `agentId` in the span's ranges, added into `into`. */

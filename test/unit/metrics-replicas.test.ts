@@ -4,6 +4,7 @@ import { newTxId, Transactions, type TxRecord } from '../../src/ledger/transacti
 import { AGGREGATES_META_KEY, AGGREGATES_VERSION, Aggregates, SHARED_META_KEY, type SharedOptions } from '../../src/metrics/aggregates.js'
 import { Folder, foldReplica, mergeStored } from '../../src/metrics/fold.js'
 import { ACCOUNT_METRICS, AGENT_METRICS, accountMetrics, render, sumAgent } from '../../src/metrics/query.js'
+import { accountKey, accountPartKey, bucketKey } from '../../src/metrics/bucket-store.js'
 import { FOLD_COLL, FOLD_GEN_KEY, REPLICA_ACCOUNT, REPLICA_AGENTS, replicaIdsIn, spanReads } from '../../src/metrics/replica-rows.js'
 import { DAY_MS, HOUR_MS, MINUTE_MS, resolveWindow, type WindowQuery } from '../../src/metrics/windows.js'
 import { Store } from '../../src/store/index.js'
@@ -26,6 +27,7 @@ const WINDOWS: WindowQuery[] = [
   { from: '2026-02-20T05:00:00Z', to: '2026-03-08T13:30:00Z' },
   { from: '2026-03-09T16:10:00Z', to: '2026-03-10T09:14:00Z' },
   { from: '2026-03-10T11:05:00Z', to: '2026-03-10T11:40:00Z' },
+  { from: '2026-03-06T05:00:00Z', to: '2026-03-09T03:00:00Z' },
 ]
 const AGENTS = ['ag0', 'ag1', 'ag2', 'ag3']
 
@@ -242,6 +244,32 @@ t.test('postgres: a shared store without counted base rows builds them from the 
   t.same(await answers(b.agg, T0), await answers(s.ref, T0), 'and a replica started later answers the totals')
 })
 
+t.test('postgres: a fold pass prunes the base rows past retention and keeps the rest', async (t) => {
+  const { store } = await testStore(t, undefined, 'postgres')
+  const agents = store.collection<unknown>('metricsAgg')
+  const account = store.collection<unknown>('metricsAccount')
+  const old = { minute: T0 - 49 * HOUR_MS, hour: T0 - 401 * DAY_MS, day: T0 - 402 * DAY_MS }
+  const kept = { minute: T0 - 47 * HOUR_MS, hour: T0 - 399 * DAY_MS, day: T0 - 399 * DAY_MS }
+  const bucket = { p: 1, s: '10', x: 1, m: 0, mx: '10', l: { 1: 1 } }
+  const rows = (at: typeof old) =>
+    (['minute', 'hour', 'day'] as const).flatMap((p) => [
+      [agents, bucketKey('ag0', p, at[p])],
+      [account, accountKey(p, at[p])],
+      [account, accountPartKey(p, at[p], 'a', 'ag0')],
+    ]) as [typeof agents, string][]
+  await store.batch([...rows(old), ...rows(kept)].map(([coll, key]) => ({ type: 'put' as const, coll, key, value: key.includes('\x00a') ? ['10', 1] : bucket })))
+  const folder = new Folder(store, () => T0, liveness('replica-b', new Set()))
+  t.same(await folder.pass(), [], 'nothing to fold')
+  const left = [...(await arr(agents.keys())), ...(await arr(account.keys()))].sort()
+  t.same(
+    left,
+    rows(kept)
+      .map(([, key]) => key)
+      .sort(),
+    'the rows past retention are gone, the rest kept',
+  )
+})
+
 t.test('fold arithmetic: a replica row added to the base row, past retention dropped', async (t) => {
   const now = T0
   const key = (h: number) =>
@@ -280,7 +308,23 @@ t.test('span reads: the ranges sumAgent walks, for each precision and series ste
     ],
     'a minute series: every minute, and the whole hour for a sum without it',
   )
-  t.same(r({ window: '7d' }), [['hour', '03-03T12:00', '03-10T13:00']], 'hour precision: every hour (days are their sums)')
+  t.same(
+    r({ window: '7d' }),
+    [
+      ['hour', '03-03T12:00', '03-04T00:00'],
+      ['day', '03-04T00:00', '03-10T00:00'],
+      ['hour', '03-10T00:00', '03-10T13:00'],
+    ],
+    'a day series: hours at the edges, whole UTC days between',
+  )
+  t.same(
+    r({ from: '2026-03-06T05:00:00Z', to: '2026-03-09T03:00:00Z' }),
+    [
+      ['hour', '03-06T05:00', '03-09T04:00'],
+      ['day', '03-07T00:00', '03-09T00:00'],
+    ],
+    'an hour series: every hour, and the whole days for a sum without it',
+  )
 })
 
 async function arr<T>(it: AsyncIterable<T>): Promise<T[]> {
