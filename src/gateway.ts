@@ -144,6 +144,7 @@ interface Started {
   stopSweeping?: () => void
   /** Ends this replica's lease (shared store only), so others settle what it leaves at once. */
   releaseReplica?: () => Promise<void>
+  stopFolding?: () => Promise<void>
 }
 
 /**
@@ -158,6 +159,7 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await s.reconciler?.close()
   await s.releaseReplica?.()
   await s.outbox?.close()
+  await s.stopFolding?.()
   await s.upstream?.close()
   await s.chain?.close()
   await s.store.close()
@@ -218,13 +220,16 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   // Cost trees read an index by parent; a store from before it gets it built once.
   const indexed = await transactions.indexParents(store.collection('meta'))
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
-  // Before anything writes records: the aggregates are loaded, or built once from the records.
-  const aggregates = new Aggregates(store, clock)
+  // Before anything writes records: the aggregates are loaded, or built once from the records
+  // (on PostgreSQL each replica writes rows of its own, and queries sum every replica's).
+  const locks = new CrossLocks(store, clock)
+  const aggregates = new Aggregates(store, clock, store.backend === 'postgres' ? locks : null)
   const built = await aggregates.start(transactions, store.collection('meta'))
   if (built.backfilled !== null) log.info({ records: built.backfilled, buckets: built.buckets }, 'built the metrics aggregates from the stored transactions')
+  s.stopFolding = aggregates.startFolding((err) => log.warn({ err }, "folding a stopped replica's metrics rows failed; retrying"))
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
   await outbox.start()
-  return { store, registry, policies, commitKeys, keystore, chain, walletStore, wallets, transactions, outbox, aggregates }
+  return { store, registry, policies, commitKeys, keystore, chain, walletStore, wallets, transactions, outbox, aggregates, locks }
 }
 type Ledger = Awaited<ReturnType<typeof buildLedger>>
 
@@ -243,7 +248,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const upstream = (s.upstream = new Upstream(config.upstream.caFile, egress, config.pay.timeoutMs))
   const events = new EventBus()
   const hooks = new RecordHooks()
-  const locks = new CrossLocks(l.store, clock)
+  const { locks } = l
   // In memory, invocation caps follow their payments' records in the same writes; shared by
   // replicas, each section reads its tree under the tree's lock and settles payments itself.
   const shared = locks.shared ? { owner: locks.replicaId, payments: (ids: string[]) => l.transactions.records.getMany(ids), alive: (id: string) => locks.alive(id) } : null

@@ -2,74 +2,51 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { accountKey, accountPartKey, agentRange, agentsIn, bucketKey, clear, dropOld, parseBucketKey, readAccount, readBuckets, writeValues } from './bucket-store.js'
-import { addByAgent, addPaid, addRejected, emptyBucket, encodeBucket, endpointKey, mergeInto, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
-import { deltasOf, deltasOfRecord, type Delta } from './deltas.js'
-import { DAY_MS, floorTo, HOUR_MS, HOUR_RETENTION_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision } from './windows.js'
+import {
+  accountKey,
+  accountPartKey,
+  accountValues,
+  agentRange,
+  agentsIn,
+  bucketKey,
+  clear,
+  dropOld,
+  keptLevel,
+  type Level,
+  parseBucketKey,
+  readAccount,
+  readBuckets,
+  writeValues,
+} from './bucket-store.js'
+import { canonical, encodeBucket, endpointKey, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
+import { type AgentBuckets, addHour, ALL, bucketOf, newBuckets } from './agent-buckets.js'
+import { applyAccount, applyDelta, deltasOf, deltasOfRecord, type Delta } from './deltas.js'
+import { Folder, type FoldOptions, type Liveness } from './fold.js'
+import { REPLICA_ACCOUNT, REPLICA_AGENTS, replicaRows, SharedReader, type Rows } from './replica-rows.js'
+import { DAY_MS, floorTo, HOUR_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision, type Span } from './windows.js'
 
+export type { AgentBuckets } from './agent-buckets.js'
 export { bucketKey, parseBucketKey } from './bucket-store.js'
 
 /** Bump when what is stored changes: a store whose aggregates are older is backfilled again. 3: the account's buckets (its map entries under keys of their own). */
 export const AGGREGATES_VERSION = 3
 /** The `meta` entry holding the version the stored aggregates were built with. */
 export const AGGREGATES_META_KEY = 'metricsAggregates'
+/** Also set, to the version, once the base rows of a shared store were counted from its records (rows written before replicas had rows of their own are each one replica's view). */
+export const SHARED_META_KEY = 'metricsAggregatesShared'
 /** Retention is enforced per agent at most this often (its minute buckets are walked). */
 const PRUNE_EVERY_MS = 10 * MINUTE_MS
 /** The account's key prefix in `snapshot()` (agent ids cannot hold `:`). */
 const ACCOUNT_SNAPSHOT = 'account:'
 
-export interface AgentBuckets {
-  /** By bucket start (ms): the minutes from `minutesFrom` on (all of them once read). */
-  minutes: Map<number, Bucket>
-  /** The hours from `loadedFrom` on (all of them once the agent is loaded). */
-  hours: Map<number, Bucket>
-  /** The hours summed by UTC day, in memory only: long windows read days. Whole for days from `loadedFrom` on. */
-  days: Map<number, Bucket>
-  prunedAt: number
-  /** Hours before this (a UTC day start) are still only in the store; -Infinity: every hour is in memory. */
-  loadedFrom: number
-  /** The same for minutes (an hour start). */
-  minutesFrom: number
-}
-
-const ALL = Number.NEGATIVE_INFINITY
-const newBuckets = (loadedFrom: number, minutesFrom = loadedFrom): AgentBuckets => ({ minutes: new Map(), hours: new Map(), days: new Map(), prunedAt: 0, loadedFrom, minutesFrom })
 /** Read at start: minutes from the hour before the current one, hours from the UTC day two days back (what live writes touch). */
 const EAGER_MINUTES_MS = HOUR_MS
 
 const NONE: readonly BatchOp[] = Object.freeze([])
 
-/** A bucket's stored JSON with its maps in key order: equal counts compare equal whatever order they came in. */
-function canonical(b: Bucket): string {
-  const s = encodeBucket(b)
-  const sorted = <T>(o: Record<string, T> | undefined) => (o ? Object.fromEntries(Object.entries(o).sort(([a], [c]) => (a < c ? -1 : a > c ? 1 : 0))) : undefined)
-  return JSON.stringify({ ...s, r: sorted(s.r), e: sorted(s.e), a: sorted(s.a) })
-}
-
-function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
-  if (d.kind === 'paid') addPaid(b, { amount: d.amount, protocol: d.protocol, latencyMs: d.latencyMs, endpoint })
-  else if (d.kind === 'rejected') addRejected(b, d.reason)
-  else if (d.kind === 'session') b.sessions++
-  else b.delegated += d.amount
-}
-
-/** The account's bucket counts the delta as the agent's does, and the payment in `by_agent`. */
-function applyAccount(b: Bucket, d: Delta, endpoint: string): void {
-  applyDelta(b, d, endpoint)
-  if (d.kind === 'paid') addByAgent(b, d.agentId, d.amount)
-}
-
-function bucketOf(a: AgentBuckets, precision: Precision | 'day', start: number): Bucket {
-  const m = precision === 'minute' ? a.minutes : precision === 'hour' ? a.hours : a.days
-  let b = m.get(start)
-  if (!b) m.set(start, (b = emptyBucket()))
-  return b
-}
-
-/** Put `b` (an hour) into `a` with its day sum. */
-function addHour(a: AgentBuckets, start: number, b: Bucket): void {
-  a.hours.set(start, b)
-  mergeInto(bucketOf(a, 'day', floorTo(start, DAY_MS)), b, true)
+/** A store shared by replicas: this replica's identity, the others' liveness, and a lock across them for long sections (`CrossLocks`). */
+export interface SharedOptions extends Liveness {
+  run<T>(name: string, fn: () => Promise<T>): Promise<T>
 }
 
 /**
@@ -81,6 +58,10 @@ function addHour(a: AgentBuckets, start: number, b: Bucket): void {
  * are read when first needed (`ready`, `prepare`). A store without aggregates of this version
  * gets them built from its records. A write that fails after the contributor ran leaves memory
  * ahead of the store until the next start, which reloads it.
+ *
+ * On a store shared by replicas (`shared`) memory holds only what this replica counted since
+ * it started, written to rows of its own, and queries (`view`, `accountView`) sum every
+ * replica's rows from the store (`replica-rows.ts`; docs/replicas.md).
  */
 export class Aggregates {
   readonly coll: Collection<StoredBucket>
@@ -89,13 +70,36 @@ export class Aggregates {
   readonly account: AgentBuckets = newBuckets(ALL)
   private readonly loading = new Map<string, Promise<void>>()
   private meta: Collection<unknown> | null = null
+  /** Where the contributor writes: the base rows, or on a shared store this replica's own. */
+  private readonly rows: Rows
+  private readonly reader: SharedReader | null
 
   constructor(
     private readonly store: Store,
     private readonly clock: Clock,
+    private readonly shared: SharedOptions | null = null,
   ) {
     this.coll = store.collection<StoredBucket>('metricsAgg')
     this.accountColl = store.collection<unknown>('metricsAccount')
+    this.rows = shared ? replicaRows(store, shared.replicaId) : { agents: this.coll, account: this.accountColl, prefix: '' }
+    this.reader = shared ? new SharedReader(store) : null
+  }
+
+  /** The agent's buckets a query of `span` sums: from memory, or on a shared store every replica's from the store. */
+  async view(agentId: string, span: Span): Promise<AgentBuckets | undefined> {
+    if (this.reader) return this.reader.agent(agentId, span, this.clock.now())
+    return this.ready(agentId, span.from, span.precision)
+  }
+
+  /** The account's buckets a query of `span` sums (as `view`). */
+  async accountView(span: Span): Promise<AgentBuckets> {
+    return this.reader ? this.reader.account(span, this.clock.now()) : this.account
+  }
+
+  /** On a shared store: fold the rows of stopped replicas into the base rows now and then (`fold.ts`); the returned stop waits for a running pass. */
+  startFolding(onError: (e: unknown) => void, opts?: FoldOptions): () => Promise<void> {
+    if (!this.shared) return async () => {}
+    return new Folder(this.store, () => this.clock.now(), this.shared, opts).start(onError)
   }
 
   /** The record-hook contributor: register with `gateway.hooks.add(aggregates.contributor)`. */
@@ -158,12 +162,15 @@ export class Aggregates {
     const hour = bucketOf(a, 'hour', hourStart)
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
+    const dayStart = floorTo(d.at, DAY_MS)
+    const [day, acctHour, acctDay] = [bucketOf(a, 'day', dayStart), bucketOf(this.account, 'hour', hourStart), bucketOf(this.account, 'day', dayStart)]
     applyDelta(hour, d, endpoint)
-    applyDelta(bucketOf(a, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
-    const acctHour = bucketOf(this.account, 'hour', hourStart)
+    applyDelta(day, d, endpoint)
     applyAccount(acctHour, d, endpoint)
-    applyAccount(bucketOf(this.account, 'day', floorTo(d.at, DAY_MS)), d, endpoint)
+    applyAccount(acctDay, d, endpoint)
     if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'hour', hourStart), hour), ...this.accountOps('hour', hourStart, acctHour, d, endpoint))
+    // A shared store keeps the days as rows too: a long window reads them, not every hour.
+    if (ops && this.shared) ops.push(this.putOp(bucketKey(d.agentId, 'day', dayStart), day), ...this.accountOps('day', dayStart, acctDay, d, endpoint))
     if (!kept('minute', minuteStart, now)) return
     const minute = bucketOf(a, 'minute', minuteStart)
     applyDelta(minute, d, endpoint)
@@ -188,22 +195,22 @@ export class Aggregates {
 
   /** The bucket's newest state is what gets logged (several changes in one tick write it once each, in order). */
   private putOp(key: string, b: Bucket): BatchOp {
-    return { type: 'put', coll: this.coll as Collection<unknown>, key, value: true, latest: () => encodeBucket(b) }
+    return { type: 'put', coll: this.rows.agents as Collection<unknown>, key: this.rows.prefix + key, value: true, latest: () => encodeBucket(b) }
   }
 
   /** The account bucket without its maps, and the one endpoint and by-agent entry a payment changed (each its own key). */
-  private accountOps(precision: Precision, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
-    const coll = this.accountColl
+  private accountOps(precision: Level, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
+    const { account: coll, prefix } = this.rows
     const entry = (m: Map<string, EndpointTotals> | undefined, name: string) => () => totalsEntry(m!.get(name)!)
-    const ops: BatchOp[] = [{ type: 'put', coll, key: accountKey(precision, start), value: true, latest: () => encodeBucket(b, false) }]
+    const ops: BatchOp[] = [{ type: 'put', coll, key: prefix + accountKey(precision, start), value: true, latest: () => encodeBucket(b, false) }]
     if (d.kind !== 'paid') return ops
-    ops.push({ type: 'put', coll, key: accountPartKey(precision, start, 'e', endpoint), value: true, latest: entry(b.endpoints, endpoint) })
-    ops.push({ type: 'put', coll, key: accountPartKey(precision, start, 'a', d.agentId), value: true, latest: entry(b.byAgent, d.agentId) })
+    ops.push({ type: 'put', coll, key: prefix + accountPartKey(precision, start, 'e', endpoint), value: true, latest: entry(b.endpoints, endpoint) })
+    ops.push({ type: 'put', coll, key: prefix + accountPartKey(precision, start, 'a', d.agentId), value: true, latest: entry(b.byAgent, d.agentId) })
     return ops
   }
 
-  private accountDels(precision: Precision, start: number, b: Bucket): BatchOp[] {
-    const del = (key: string): BatchOp => ({ type: 'del', coll: this.accountColl, key })
+  private accountDels(precision: Level, start: number, b: Bucket): BatchOp[] {
+    const del = (key: string): BatchOp => ({ type: 'del', coll: this.rows.account, key: this.rows.prefix + key })
     const out = [del(accountKey(precision, start))]
     for (const name of b.endpoints.keys()) out.push(del(accountPartKey(precision, start, 'e', name)))
     for (const name of b.byAgent?.keys() ?? []) out.push(del(accountPartKey(precision, start, 'a', name)))
@@ -217,15 +224,17 @@ export class Aggregates {
     for (const [precision, m] of [
       ['minute', a.minutes],
       ['hour', a.hours],
+      ['day', a.days],
     ] as const) {
       for (const [start, b] of m) {
-        if (kept(precision, start, now)) continue
+        if (keptLevel(precision, start, now)) continue
         m.delete(start)
+        // Days are rows only on a shared store (on LevelDB only memory, the sums of the hours).
+        if (precision === 'day' && !this.shared) continue
         if (agentId === null) ops.push(...this.accountDels(precision, start, b))
-        else ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: bucketKey(agentId, precision, start) })
+        else ops.push({ type: 'del', coll: this.rows.agents as Collection<unknown>, key: this.rows.prefix + bucketKey(agentId, precision, start) })
       }
     }
-    for (const start of a.days.keys()) if (start + DAY_MS <= now - HOUR_RETENTION_MS) a.days.delete(start)
   }
 
   /** Add a record as it stands (a backfill or a recount: everything in memory). */
@@ -240,8 +249,14 @@ export class Aggregates {
    */
   async start(transactions: Transactions, meta: Collection<unknown>): Promise<{ backfilled: number | null; buckets: number }> {
     this.meta = meta
+    if (this.shared) return this.shared.run('metrics:aggregates', () => this.startShared(transactions, meta))
+    if ((await meta.get(AGGREGATES_META_KEY)) === AGGREGATES_VERSION) return { backfilled: null, buckets: await this.load(this.clock.now()) }
+    return this.backfill(transactions, meta, [])
+  }
+
+  /** Build the base rows from the records (the version written last, with `more`), everything counted in memory. */
+  private async backfill(transactions: Transactions, meta: Collection<unknown>, more: BatchOp[]): Promise<{ backfilled: number; buckets: number }> {
     const now = this.clock.now()
-    if ((await meta.get(AGGREGATES_META_KEY)) === AGGREGATES_VERSION) return { backfilled: null, buckets: await this.load(now) }
     await clear(this.store, this.coll as Collection<unknown>)
     await clear(this.store, this.accountColl)
     let n = 0
@@ -250,15 +265,32 @@ export class Aggregates {
       n++
     }
     const buckets = (await writeValues(this.store, this.coll as Collection<unknown>, this.encoded(this.agentBuckets()))) + (await this.writeAccount())
-    await this.store.batch([{ type: 'put', coll: meta, key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }])
+    await this.store.batch([{ type: 'put', coll: meta, key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }, ...more])
     return { backfilled: n, buckets }
+  }
+
+  /**
+   * A shared store (holding the replicas' lock): nothing to load, this replica's rows start
+   * empty. Without base rows counted from the records on this version, they are built once
+   * and every replica's rows dropped (the records hold everything they counted).
+   */
+  private async startShared(transactions: Transactions, meta: Collection<unknown>): Promise<{ backfilled: number | null; buckets: number }> {
+    const [version, shared] = await meta.getMany([AGGREGATES_META_KEY, SHARED_META_KEY])
+    if (version === AGGREGATES_VERSION && shared === AGGREGATES_VERSION) return { backfilled: null, buckets: 0 }
+    await clear(this.store, this.store.collection(REPLICA_AGENTS))
+    await clear(this.store, this.store.collection(REPLICA_ACCOUNT))
+    const built = await this.backfill(transactions, meta, [{ type: 'put', coll: meta, key: SHARED_META_KEY, value: AGGREGATES_VERSION }])
+    // What was counted is in the base rows; this replica's own start from nothing.
+    this.agents.clear()
+    for (const m of [this.account.minutes, this.account.hours, this.account.days]) m.clear()
+    return built
   }
 
   /** The account's buckets, and every agent's minutes and hours from the UTC day two days back (what live writes touch). */
   private async load(now: number): Promise<number> {
     let n = await readAccount(this.store, this.accountColl, now, (precision, start, b) => {
       if (precision === 'minute') this.account.minutes.set(start, b)
-      else addHour(this.account, start, b)
+      else if (precision === 'hour') addHour(this.account, start, b)
     })
     const from = floorTo(now - MINUTE_RETENTION_MS, DAY_MS)
     const minutesFrom = floorTo(now - EAGER_MINUTES_MS, HOUR_MS)
@@ -299,6 +331,7 @@ export class Aggregates {
     for (const [agentId, a] of this.agents) {
       for (const [start, b] of a.minutes) yield [bucketKey(agentId, 'minute', start), b]
       for (const [start, b] of a.hours) yield [bucketKey(agentId, 'hour', start), b]
+      if (this.shared) for (const [start, b] of a.days) yield [bucketKey(agentId, 'day', start), b]
     }
   }
 
@@ -308,19 +341,7 @@ export class Aggregates {
 
   /** The account's buckets as the contributor writes them (each map entry its own key); returns how many buckets. */
   private async writeAccount(): Promise<number> {
-    const values = function* (account: AgentBuckets): Iterable<[string, unknown]> {
-      for (const [precision, m] of [
-        ['minute', account.minutes],
-        ['hour', account.hours],
-      ] as const) {
-        for (const [start, b] of m) {
-          yield [accountKey(precision, start), encodeBucket(b, false)]
-          for (const [name, e] of b.endpoints) yield [accountPartKey(precision, start, 'e', name), totalsEntry(e)]
-          for (const [name, e] of b.byAgent ?? []) yield [accountPartKey(precision, start, 'a', name), totalsEntry(e)]
-        }
-      }
-    }
-    await writeValues(this.store, this.accountColl, values(this.account))
+    await writeValues(this.store, this.accountColl, accountValues(this.account, this.shared !== null))
     return this.account.minutes.size + this.account.hours.size
   }
 

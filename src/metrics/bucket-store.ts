@@ -1,6 +1,6 @@
-import type { BatchOp, Collection, Store } from '../store/index.js'
-import { type Bucket, decodeBucket, emptyBucket, type StoredBucket } from './buckets.js'
-import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } from './windows.js'
+import type { BatchOp, Collection, RangeOptions, Store } from '../store/index.js'
+import { type Bucket, decodeBucket, emptyBucket, encodeBucket, type StoredBucket, totalsEntry } from './buckets.js'
+import { DAY_MS, HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } from './windows.js'
 
 /**
  * Where the aggregates' buckets live in the store and how they are read back in ranges: per
@@ -10,48 +10,55 @@ import { HOUR_RETENTION_MS, kept, MINUTE_RETENTION_MS, type Precision, sizeOf } 
  */
 const CHUNK = 1000
 
-const code = (p: Precision): string => (p === 'minute' ? 'm' : 'h')
+/** A bucket's size: minutes and hours everywhere; UTC days are rows only on a store shared by replicas (in memory on LevelDB). */
+export type Level = Precision | 'day'
+const code = (p: Level): string => (p === 'minute' ? 'm' : p === 'hour' ? 'h' : 'd')
+const levelOf = (c: string | undefined): Level | null => (c === 'm' ? 'minute' : c === 'h' ? 'hour' : c === 'd' ? 'day' : null)
+export const sizeOfLevel = (p: Level): number => (p === 'day' ? DAY_MS : sizeOf(p))
+/** Whether a bucket is still kept at `now` (a day while any of its hours is). */
+export const keptLevel = (p: Level, start: number, now: number): boolean => (p === 'day' ? start + DAY_MS > now - HOUR_RETENTION_MS : kept(p, start, now))
 // Rounded up: a range bound between bucket starts includes the next start, not the one before.
-const startText = (p: Precision, start: number): string =>
-  Math.ceil(start / sizeOf(p))
+const startText = (p: Level, start: number): string =>
+  Math.ceil(start / sizeOfLevel(p))
     .toString(36)
     .padStart(8, '0')
 
 /** `<agentId>\0m|h\0<start in buckets, base 36>`: sorted per agent and precision. */
-export function bucketKey(agentId: string, precision: Precision, start: number): string {
+export function bucketKey(agentId: string, precision: Level, start: number): string {
   return `${agentId}\x00${code(precision)}\x00${startText(precision, start)}`
 }
 
 /** An account bucket's key: `m|h\0<start in buckets, base 36>`. */
-export function accountKey(precision: Precision, start: number): string {
+export function accountKey(precision: Level, start: number): string {
   return `${code(precision)}\x00${startText(precision, start)}`
 }
 
-export function parseBucketKey(key: string): { agentId: string; precision: Precision; start: number } | null {
+export function parseBucketKey(key: string): { agentId: string; precision: Level; start: number } | null {
   const j = key.lastIndexOf('\x00')
   const i = key.lastIndexOf('\x00', j - 1)
   if (i <= 0) return null
-  const precision: Precision = key.slice(i + 1, j) === 'm' ? 'minute' : 'hour'
-  return { agentId: key.slice(0, i), precision, start: Number.parseInt(key.slice(j + 1), 36) * sizeOf(precision) }
+  const precision = levelOf(key.slice(i + 1, j))
+  if (!precision) return null
+  return { agentId: key.slice(0, i), precision, start: Number.parseInt(key.slice(j + 1), 36) * sizeOfLevel(precision) }
 }
 
 /** An entry of an account bucket's endpoint (`e`) or by-agent (`a`) map, under its own key (a change rewrites one entry, not the map). */
-export function accountPartKey(precision: Precision, start: number, kind: 'e' | 'a', name: string): string {
+export function accountPartKey(precision: Level, start: number, kind: 'e' | 'a', name: string): string {
   return `${accountKey(precision, start)}\x00${kind}${name}`
 }
 
-export function parseAccountKey(key: string): { precision: Precision; start: number; part?: ['e' | 'a', string] } | null {
-  if (key[1] !== '\x00' || (key[0] !== 'm' && key[0] !== 'h')) return null
-  const precision: Precision = key[0] === 'm' ? 'minute' : 'hour'
+export function parseAccountKey(key: string): { precision: Level; start: number; part?: ['e' | 'a', string] } | null {
+  const precision = key[1] === '\x00' ? levelOf(key[0]) : null
+  if (!precision) return null
   const j = key.indexOf('\x00', 2)
-  const start = Number.parseInt(key.slice(2, j < 0 ? undefined : j), 36) * sizeOf(precision)
+  const start = Number.parseInt(key.slice(2, j < 0 ? undefined : j), 36) * sizeOfLevel(precision)
   if (j < 0) return { precision, start }
   const kind = key[j + 1]
   return kind === 'e' || kind === 'a' ? { precision, start, part: [kind, key.slice(j + 2)] } : null
 }
 
 /** The key range of one agent's buckets of one precision, from `from` (ms, inclusive) to `to` (exclusive). */
-export function agentRange(agentId: string, precision: Precision, from?: number, to?: number): { gte: string; lt: string } {
+export function agentRange(agentId: string, precision: Level, from?: number, to?: number): { gte: string; lt: string } {
   const prefix = `${agentId}\x00${code(precision)}\x00`
   return {
     gte: from === undefined ? prefix : prefix + startText(precision, Math.max(0, from)),
@@ -77,28 +84,28 @@ export class Deleter {
 
 /**
  * Read the buckets of `coll` in `range`, handing each still kept at `now` to `onBucket` and
- * deleting those past retention. Returns how many were read.
+ * deleting those past retention (`store` null: only skipping them). Returns how many were read.
  */
 export async function readBuckets(
-  store: Store,
+  store: Store | null,
   coll: Collection<StoredBucket>,
   range: { gte?: string; lt?: string },
-  parse: (key: string) => { precision: Precision; start: number } | null,
+  parse: (key: string) => { precision: Level; start: number } | null,
   now: number,
-  onBucket: (precision: Precision, start: number, b: Bucket) => void,
+  onBucket: (precision: Level, start: number, b: Bucket) => void,
 ): Promise<number> {
   let n = 0
-  const stale = new Deleter(store, coll as Collection<unknown>)
+  const stale = store && new Deleter(store, coll as Collection<unknown>)
   for await (const [key, value] of coll.entries(range)) {
     const k = parse(key)
     if (!k) continue
-    if (!kept(k.precision, k.start, now)) await stale.del(key)
+    if (!keptLevel(k.precision, k.start, now)) await stale?.del(key)
     else {
       onBucket(k.precision, k.start, decodeBucket(value))
       n++
     }
   }
-  await stale.done()
+  await stale?.done()
   return n
 }
 
@@ -118,9 +125,9 @@ export async function* agentsIn(coll: Collection<StoredBucket>): AsyncIterable<s
 }
 
 /** Delete an agent's buckets of `precision` past retention without reading them (keys only). */
-export async function dropOld(store: Store, coll: Collection<StoredBucket>, agentId: string, precision: Precision, now: number): Promise<void> {
+export async function dropOld(store: Store, coll: Collection<StoredBucket>, agentId: string, precision: Level, now: number): Promise<void> {
   const stale = new Deleter(store, coll as Collection<unknown>)
-  const retention = precision === 'minute' ? MINUTE_RETENTION_MS : HOUR_RETENTION_MS
+  const retention = precision === 'minute' ? MINUTE_RETENTION_MS : precision === 'hour' ? HOUR_RETENTION_MS : HOUR_RETENTION_MS + DAY_MS
   for await (const key of coll.keys(agentRange(agentId, precision, 0, now - retention))) await stale.del(key)
   await stale.done()
 }
@@ -150,22 +157,29 @@ export async function writeValues(store: Store, coll: Collection<unknown>, value
 
 /**
  * Read the account's buckets (each a key of its own and one key per endpoint and by-agent
- * entry), handing each still kept at `now` to `onBucket` whole; those past retention are deleted.
+ * entry), handing each still kept at `now` to `onBucket` whole; those past retention are deleted
+ * (`store` null: skipped). `range` and `prefix` (which every key then starts with): a part of them.
  */
-export async function readAccount(store: Store, coll: Collection<unknown>, now: number, onBucket: (precision: Precision, start: number, b: Bucket) => void): Promise<number> {
-  const stale = new Deleter(store, coll)
-  let current: { precision: Precision; start: number; b: Bucket } | null = null
+export async function readAccount(
+  store: Store | null,
+  coll: Collection<unknown>,
+  now: number,
+  onBucket: (precision: Level, start: number, b: Bucket) => void,
+  { range, prefix = '' }: { range?: RangeOptions; prefix?: string } = {},
+): Promise<number> {
+  const stale = store && new Deleter(store, coll)
+  let current: { precision: Level; start: number; b: Bucket } | null = null
   let n = 0
   const done = (): void => {
     if (current) onBucket(current.precision, current.start, current.b)
     current = null
   }
   // A bucket's key sorts just before its entries' keys.
-  for await (const [key, value] of coll.entries()) {
-    const k = parseAccountKey(key)
+  for await (const [key, value] of coll.entries(range)) {
+    const k = parseAccountKey(prefix ? key.slice(prefix.length) : key)
     if (!k) continue
-    if (!kept(k.precision, k.start, now)) {
-      await stale.del(key)
+    if (!keptLevel(k.precision, k.start, now)) {
+      await stale?.del(key)
       continue
     }
     if (!current || current.precision !== k.precision || current.start !== k.start) {
@@ -180,6 +194,21 @@ export async function readAccount(store: Store, coll: Collection<unknown>, now: 
     }
   }
   done()
-  await stale.done()
+  await stale?.done()
   return n
+}
+
+/** The account's buckets as stored: each bucket without its maps, and each endpoint and by-agent entry under a key of its own. */
+export function* accountValues(account: { minutes: Map<number, Bucket>; hours: Map<number, Bucket>; days: Map<number, Bucket> }, days = false): Iterable<[string, unknown]> {
+  for (const [precision, m] of [
+    ['minute', account.minutes],
+    ['hour', account.hours],
+    ['day', days ? account.days : new Map<number, Bucket>()],
+  ] as const) {
+    for (const [start, b] of m) {
+      yield [accountKey(precision, start), encodeBucket(b, false)]
+      for (const [name, e] of b.endpoints) yield [accountPartKey(precision, start, 'e', name), totalsEntry(e)]
+      for (const [name, e] of b.byAgent ?? []) yield [accountPartKey(precision, start, 'a', name), totalsEntry(e)]
+    }
+  }
 }

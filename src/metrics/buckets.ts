@@ -205,3 +205,10 @@ export function decodeBucket(s: StoredBucket): Bucket {
   if (s.a) totalsIn((b.byAgent = new Map()), s.a)
   return b
 }
+
+/** A bucket's stored JSON with its maps in key order: equal counts compare equal whatever order they came in. */
+export function canonical(b: Bucket): string {
+  const s = encodeBucket(b)
+  const sorted = <T>(o: Record<string, T> | undefined) => (o ? Object.fromEntries(Object.entries(o).sort(([a], [c]) => (a < c ? -1 : a > c ? 1 : 0))) : undefined)
+  return JSON.stringify({ ...s, r: sorted(s.r), e: sorted(s.e), a: sorted(s.a) })
+}

@@ -1,5 +1,6 @@
 import type { RecordChange } from '../ledger/record-hooks.js'
 import type { TxRecord } from '../ledger/transactions.js'
+import { addByAgent, addPaid, addRejected, type Bucket } from './buckets.js'
 
 /**
  * What a record change adds to the aggregates, as plain data (pure). A payment counts at its
@@ -38,4 +39,18 @@ export function deltasOf(change: RecordChange): Delta[] {
     default:
       return NONE
   }
+}
+
+/** Add `d` to a bucket, its payment under `endpoint` (as the hour decided: `endpointKey`). */
+export function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
+  if (d.kind === 'paid') addPaid(b, { amount: d.amount, protocol: d.protocol, latencyMs: d.latencyMs, endpoint })
+  else if (d.kind === 'rejected') addRejected(b, d.reason)
+  else if (d.kind === 'session') b.sessions++
+  else b.delegated += d.amount
+}
+
+/** The account's bucket counts the delta as the agent's does, and the payment in `by_agent`. */
+export function applyAccount(b: Bucket, d: Delta, endpoint: string): void {
+  applyDelta(b, d, endpoint)
+  if (d.kind === 'paid') addByAgent(b, d.agentId, d.amount)
 }

@@ -1,5 +1,5 @@
 import { toUsdcNumber, usdc } from '../util/money.js'
-import type { AgentBuckets } from './aggregates.js'
+import type { AgentBuckets } from './agent-buckets.js'
 import { emptyBucket, mergeInto, quantile, type Bucket } from './buckets.js'
 import { DAY_MS, floorTo, HOUR_MS, MINUTE_MS, seriesStarts, unknownValue, type Span } from './windows.js'
 

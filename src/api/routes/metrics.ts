@@ -47,7 +47,7 @@ export function metricsRoutes(d: MetricsDeps): Route[] {
         const now = d.clock.now()
         const span = spanOf(ctx.url, now)
         const series = names.includes('spend_series') ? new Map<number, bigint>() : null
-        const sum = sumAgent(await d.aggregates.ready(agentId, span.from, span.precision), span, names.includes('top_endpoints'), series)
+        const sum = sumAgent(await d.aggregates.view(agentId, span), span, names.includes('top_endpoints'), series)
         const pct = names.includes('budget_used_pct') ? await budgetUsedPct(d.policies, agentId, now) : null
         return { status: 200, body: { agentId, window: windowView(span, now), metrics: render(names, sum, span, series, pct) } }
       },
@@ -60,7 +60,7 @@ export function metricsRoutes(d: MetricsDeps): Route[] {
         const names = parseMetrics(ctx.url.searchParams.get('metrics'), ACCOUNT_METRICS)
         const now = d.clock.now()
         const span = spanOf(ctx.url, now)
-        return { status: 200, body: { window: windowView(span, now), ...accountMetrics(names, d.aggregates.account, span) } }
+        return { status: 200, body: { window: windowView(span, now), ...accountMetrics(names, await d.aggregates.accountView(span), span) } }
       },
     },
   ]
