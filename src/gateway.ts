@@ -249,8 +249,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   const events = new EventBus()
   const hooks = new RecordHooks()
   const { locks } = l
-  // In memory, invocation caps follow their payments' records in the same writes; shared by
-  // replicas, each section reads its tree under the tree's lock and settles payments itself.
+  // Invocation caps follow their payments' records in the same writes (shared: read fresh under locks).
   const shared = locks.shared ? { owner: locks.replicaId, payments: (ids: string[]) => l.transactions.records.getMany(ids), alive: (id: string) => locks.alive(id) } : null
   const invocations = new InvocationBook(l.store, shared)
   if (!shared) hooks.add(invocations.contributor)
