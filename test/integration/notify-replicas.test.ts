@@ -10,7 +10,7 @@ import { CrossLocks } from '../../src/store/leases.js'
 import { ManualClock } from '../../src/util/clock.js'
 import { testDir } from '../helpers/gateway.js'
 import { testDatabase } from '../helpers/postgres.js'
-import { startReceiver } from '../helpers/receiver.js'
+import { type Received, startReceiver } from '../helpers/receiver.js'
 
 /**
  * Delivery ownership with replicas on one PostgreSQL database (notify/queue.ts): replicas are
@@ -92,7 +92,7 @@ async function enqueue(r: Replica, url: string, accept = true): Promise<Delivery
   return d
 }
 
-const ids = (rx: { got: { headers: Record<string, unknown> }[] }, id: string) => rx.got.filter((g) => g.headers['x-paygate-delivery'] === id)
+const ids = (rx: { got: Received[] }, id: string): Received[] => rx.got.filter((g) => g.headers['x-paygate-delivery'] === id)
 
 t.test('only the owner attempts a delivery while its lease lives', async (t) => {
   const url = await testDatabase()
@@ -148,7 +148,7 @@ t.test('a stopped replica (lease released): each of its deliveries is adopted at
   for (const d of ds) {
     const s = await b.queue.get(d.id)
     t.equal(s.status, 'delivered', `${d.id} delivered`)
-    t.equal(ids(rx, d.id).filter((g) => (g as { answered: number | null }).answered === 200).length, 1, 'answered 2xx once')
+    t.equal(ids(rx, d.id).filter((g) => g.answered === 200).length, 1, 'answered 2xx once')
     t.equal(ids(rx, d.id).length, 2, "A's failed attempt and the adopter's: no third")
     t.ok([b.id, c.id].includes(s.owner!) && s.attempts[1]!.by === s.owner, 'attempted by its new owner')
   }
