@@ -27,18 +27,18 @@ export class AlertBook {
     private readonly store: Store,
     private readonly registry: Registry,
     private readonly clock: Clock,
-    onAgentGone: (agentId: string) => BatchOp[],
+    onAgentGone: (agentId: string) => BatchOp[] | Promise<BatchOp[]>,
   ) {
     this.alertsColl = store.collection('alerts')
     this.endpointsColl = store.collection('webhookEndpoints')
     this.firedColl = store.collection('alertFired')
     registry.onAgentDelete(
-      (agentId) => [
+      async (agentId) => [
         ...this.ofAgent(agentId).flatMap((a): BatchOp[] => [
           { type: 'del', coll: this.alertsColl as Collection<unknown>, key: a.alertId },
           { type: 'del', coll: this.firedColl as Collection<unknown>, key: a.alertId },
         ]),
-        ...onAgentGone(agentId),
+        ...(await onAgentGone(agentId)),
       ],
       (agentId) => {
         for (const a of this.ofAgent(agentId)) this.alerts.delete(a.alertId)
