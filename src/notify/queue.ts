@@ -92,6 +92,8 @@ export class DeliveryQueue {
 
   async start(): Promise<void> {
     if (this.me) {
+      // Others take a delivery whose owner has no lease row as released: own none before the row is written.
+      await this.leaseWritten()
       // Nothing is ours yet (a new id each start): what the last run left is adopted like any stopped replica's.
       await this.adopt()
       this.adoptTimer = setInterval(() => void this.adopt().catch((e: unknown) => this.log.warn({ err: e }, 'looking for deliveries of stopped replicas failed')), this.opts.adoptMs ?? 5_000)
@@ -103,6 +105,15 @@ export class DeliveryQueue {
     this.sweepTimer = setInterval(() => void this.sweep().catch((e: unknown) => this.log.warn({ err: e }, 'sweeping old deliveries failed')), SWEEP_EVERY_MS)
     this.sweepTimer.unref()
     this.kick()
+  }
+
+  /** Replicas: wait (about 30 s at most) until this replica's lease row exists (its claim runs alongside the start). */
+  private async leaseWritten(): Promise<void> {
+    for (let i = 0, wait = 5; (await this.opts.owners!.leaseEnd(this.me!)) === null; i++, wait = Math.min(wait * 2, 500)) {
+      if (this.closed) return
+      if (i === 70) return this.log.warn('this replica holds no lease yet; its deliveries may be adopted by others before it does')
+      await new Promise((r) => setTimeout(r, wait))
+    }
   }
 
   /** Deliveries waiting to be delivered (pending or retrying): the queue depth gauge (with replicas: those this replica owns). */
