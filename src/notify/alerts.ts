@@ -34,7 +34,7 @@ export class AlertBook {
     this.firedColl = store.collection('alertFired')
     registry.onAgentDelete(
       async (agentId) => [
-        ...this.ofAgent(agentId).flatMap((a): BatchOp[] => [
+        ...(await this.ofAgentStored(agentId)).flatMap((a): BatchOp[] => [
           { type: 'del', coll: this.alertsColl as Collection<unknown>, key: a.alertId },
           { type: 'del', coll: this.firedColl as Collection<unknown>, key: a.alertId },
         ]),
@@ -73,6 +73,14 @@ export class AlertBook {
 
   all(): Alert[] {
     return [...this.alerts.values()]
+  }
+
+  /** An agent's alerts for its delete: with replicas from the store (one made through another replica may not be loaded here yet). */
+  private async ofAgentStored(agentId: string): Promise<Alert[]> {
+    if (this.store.backend !== 'postgres') return this.ofAgent(agentId)
+    const out: Alert[] = []
+    for await (const [, a] of this.alertsColl.entries()) if (a.agentId === agentId) out.push(a)
+    return out
   }
 
   ofAgent(agentId: string): Alert[] {

@@ -35,6 +35,7 @@ const USDC = 1_000_000
 interface Replica {
   store: Store
   clock: ManualClock
+  registry: Registry
   n: Notifications
 }
 
@@ -56,7 +57,7 @@ async function replica(t: Test, url: string): Promise<Replica> {
     await release()
     await store.close()
   })
-  return { store, clock, n }
+  return { store, clock, registry, n }
 }
 
 t.test('two replicas expanding the same entries at once: each once, a threshold once, one signing secret', async (t) => {
@@ -111,4 +112,16 @@ t.test('two replicas expanding the same entries at once: each once, a threshold 
   t.equal(await b.n.secret.get(), secret, 'one secret for both')
   const fired = await a.n.book.firedColl.get(budget.alertId)
   t.same(fired, { period: t0 }, 'the fired state names the period')
+})
+
+t.test('an agent deleted through a replica that has not loaded its newest alert yet: the alert goes with it', async (t) => {
+  const url = await testDatabase()
+  const a = await replica(t, url)
+  const b = await replica(t, url)
+  b.n.book.stopRefreshing() // B's reload must not run in between
+  await a.registry.createAgent('gone')
+  const alert = await a.n.book.create({ agentId: 'gone', type: 'policy_violation', notify: { type: 'webhook', url: 'http://127.0.0.1:9/x' } })
+  t.same(b.n.book.ofAgent('gone'), [], "B has not reloaded A's alert yet")
+  await b.registry.deleteAgent('gone')
+  t.equal(await b.n.book.alertsColl.get(alert.alertId), undefined, "deleted with the agent, from the store's list")
 })
