@@ -148,7 +148,7 @@ export class Recorder {
             : {}),
           ledger: { status: 'queued' },
         }
-        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed }, shared ? [] : [usageOp])
+        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed, dailyBudget: policy.dailyBudget ?? null }, shared ? [] : [usageOp])
       })
       return { ops: shared ? [usageOp, ...spent] : [], result: outcome(pending) }
     })

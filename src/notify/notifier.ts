@@ -131,11 +131,13 @@ export class Notifier {
         const at = r.updatedAt
         const usage = change.usage
         const policy = this.policies.cachedPolicy(r.agentId)
-        const budget = policy?.dailyBudget
+        // Not cached (replicas cache no policy): the daily budget the payment was decided under, as the change carries it (null: none).
+        const budget = policy ? policy.dailyBudget : change.dailyBudget
+        const known = policy ? (budget ?? null) : change.dailyBudget
         ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
         // Most payments can fire nothing (no alerts, under the budget's warning): no entry to write and expand.
         const used = usage ? usedToday(usage, at) : null
-        if (policy && inert({ kind: 'paid', usedToday: used, dailyBudget: budget === undefined ? null : BigInt(budget) }, this.book.ofAgent(r.agentId), [])) return ops
+        if (known !== undefined && inert({ kind: 'paid', usedToday: used, dailyBudget: known === null ? null : BigInt(known) }, this.book.ofAgent(r.agentId), [])) return ops
         entry = {
           ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
           ...{ usedToday: used !== null ? used.toString() : r.amount, periodStart: usage?.periodStart ?? null },

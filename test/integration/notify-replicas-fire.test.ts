@@ -125,3 +125,25 @@ t.test('an agent deleted through a replica that has not loaded its newest alert 
   await b.registry.deleteAgent('gone')
   t.equal(await b.n.book.alertsColl.get(alert.alertId), undefined, "deleted with the agent, from the store's list")
 })
+
+t.test('a paid record through a replica (no policy cache): the budget the change carries decides whether an event entry is written', async (t) => {
+  const url = await testDatabase()
+  const a = await replica(t, url)
+  const at = a.clock.now()
+  const paid = (id: string, usedUnits: number, dailyBudget: string | null | undefined) => {
+    const record = { id, agentId: 'q', amount: String(USDC), updatedAt: at, createdAt: at, status: 'paid', endpoint: 'https://x.test/' } as never
+    const usage = { periodStart: at, spent: String(usedUnits), payments: [] }
+    return a.n.notifier.contributor({ kind: 'paid', record, prev: record, usage, ...(dailyBudget !== undefined ? { dailyBudget } : {}) })
+  }
+  const entries = (ops: ReturnType<typeof paid>) => ops.filter((o) => o.coll.name === 'notifyEvents')
+  t.equal(entries(paid('tx_1', USDC, null)).length, 0, 'no budget, no alerts: nothing can fire, no entry')
+  t.equal(entries(paid('tx_2', 5 * USDC, String(10 * USDC))).length, 0, 'under 80% of the budget: no entry')
+  const over = entries(paid('tx_3', 9 * USDC, String(10 * USDC)))
+  t.equal(over.length, 1, 'at 90%: an entry (the built-in warning may fire)')
+  t.match((over[0] as { value: unknown }).value, { kind: 'paid', dailyBudget: String(10 * USDC), usedToday: String(9 * USDC) }, 'carrying the budget (no policy read to expand it)')
+  t.equal(entries(paid('tx_4', USDC, undefined)).length, 1, 'budget unknown: an entry, as before')
+  // These ops were never written: past 30 s the notifier forgets the entries it was told of.
+  a.clock.advance(31_000)
+  await a.n.settle()
+  t.equal(a.n.notifier.backlog(), 0)
+})
