@@ -219,3 +219,26 @@ t.test('a manual retry of a dropped delivery through two replicas at once: one o
   t.equal(ids(rx, d.id).length, 1, 'sent once')
   t.equal((await a.queue.get(d.id)).status, 'delivered')
 })
+
+t.test('an owner that stalled past its lease with a delivery retrying: once adopted, it does not attempt it when it comes due', async (t) => {
+  const url = await testDatabase()
+  const rx = await startReceiver(t)
+  rx.setMode('fail')
+  const [a, b] = [await replica(t, url), await replica(t, url)]
+  const d = await enqueue(a, `${rx.url}/due`)
+  await a.queue.settle()
+  t.equal(rx.got.length, 1, "A's first attempt failed: retrying in 1 min")
+  await a.kill() // A's lease is no longer renewed, but A runs on, the delivery in its schedule
+  b.clock.advance(16_000)
+  t.equal(await b.queue.adopt(), 1, 'B adopts it')
+  rx.setMode('ok')
+  a.clock.advance(61_000)
+  await a.queue.settle()
+  t.equal(rx.got.length, 1, 'A, on its schedule, finds it is no longer its own: no attempt')
+  t.equal(a.queue.depth(), 0)
+  b.clock.advance(61_000)
+  await b.queue.settle()
+  const s = await b.queue.get(d.id)
+  t.same([s.status, s.attempts.map((x) => x.by)], ['delivered', [a.id, b.id]])
+  t.equal(rx.got.length, 2, 'one more attempt, by B')
+})
