@@ -284,6 +284,7 @@ async function buildNotify({ config, log, clock }: Ctx, l: Ledger, p: Paying, eg
   if ((smtp.url === null) !== (smtp.from === null)) throw new PaygateError('invalid_config', 'smtp.url and smtp.from go together: set both for e-mail alerts, or neither')
   const notify = (s.notify = buildNotifications({
     ...{ store: l.store, registry: l.registry, policies: l.policies, keystore: l.keystore, egress, clock, log },
+    ...(l.locks.shared ? { owners: l.locks } : {}), // replicas: a delivery is its creator's while its lease lives
     settings: { ...config.notify, smtp: smtp.url && smtp.from ? { url: smtp.url, from: smtp.from } : null },
   }))
   await notify.start()

@@ -1,3 +1,4 @@
+import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
 
 interface Reading {
@@ -6,6 +7,33 @@ interface Reading {
   at: number
   /** `committed` for the address when the read was sent: what was committed after it is not in `balance`. */
   base: bigint
+}
+
+/**
+ * What every replica committed from each wallet address (base units, a running total), in the
+ * shared store (`walletSpent`, key: the lowercase address). On PostgreSQL the recorder adds a
+ * payment to it in the agent's locked transaction (the one that commits the usage), and every
+ * wallet belongs to one agent, so all spends of an address are written under one lock, in
+ * order. The funds check, under that same lock, reads it fresh: payments of other replicas are
+ * then subtracted like this process's own, with one indexed read instead of a chain read.
+ */
+export class WalletSpend {
+  private readonly coll: Collection<string>
+
+  constructor(store: Store) {
+    this.coll = store.collection('walletSpent')
+  }
+
+  async total(address: string): Promise<bigint> {
+    const v = await this.coll.get(address.toLowerCase())
+    return v === undefined ? 0n : BigInt(v)
+  }
+
+  /** The write that adds `amount` to the address's total (read now: call it under the wallet's agent's lock). */
+  async add(address: string, amount: bigint): Promise<BatchOp> {
+    const key = address.toLowerCase()
+    return { type: 'put', coll: this.coll as Collection<unknown>, key, value: ((await this.total(key)) + amount).toString() }
+  }
 }
 
 /**
@@ -20,6 +48,10 @@ interface Reading {
  *   for a moment (a block, a snapshot) then never stalls payments: the funds check runs under
  *   the agent's lock, and a read that waits holds all of that agent's payments behind it.
  * - One read per address at a time; concurrent callers share it.
+ * - `shared` (replicas on PostgreSQL): "committed" is the store's total of every replica
+ *   (`WalletSpend`), read fresh at each check and when a chain read is sent, instead of what
+ *   this process counted; `spend()` then does nothing (the total is written with the payment,
+ *   `spendOps`). Without it (LevelDB, one process) nothing changes: no store read.
  */
 export class Balances {
   private readonly readings = new Map<string, Reading>()
@@ -30,6 +62,7 @@ export class Balances {
   private readonly ttlMs: number
   private readonly maxStaleMs: number
   private readonly onRefreshError: (e: unknown) => void
+  private readonly shared: WalletSpend | null
 
   constructor(
     private readonly read: (address: `0x${string}`) => Promise<bigint>,
@@ -39,11 +72,14 @@ export class Balances {
       maxStaleMs?: number
       /** Told when a background refresh fails (the old reading stays in use until `maxStaleMs`). */
       onRefreshError?: (e: unknown) => void
+      /** Replicas share the store: committed spend is read from it (see above). */
+      shared?: WalletSpend
     } = {},
   ) {
     this.ttlMs = opts.ttlMs ?? 5_000
     this.maxStaleMs = opts.maxStaleMs ?? 4 * this.ttlMs
     this.onRefreshError = opts.onRefreshError ?? (() => {})
+    this.shared = opts.shared ?? null
   }
 
   /** The wallet's balance, fresh enough to approve `need` (base units, beyond `held`). */
@@ -51,25 +87,33 @@ export class Balances {
     const key = address.toLowerCase()
     const r = this.readings.get(key)
     if (r) {
-      const estimate = this.estimate(key, r)
+      const estimate = this.estimate(this.shared ? await this.shared.total(key) : this.committed.get(key), r)
       const age = this.clock.now() - r.at
       if (estimate - held >= need && age < this.maxStaleMs) {
         if (age >= this.ttlMs) this.refresh(key, address).catch(this.onRefreshError)
         return estimate
       }
     }
-    return this.estimate(key, await this.refresh(key, address))
+    const fresh = await this.refresh(key, address)
+    return this.estimate(this.shared ? await this.shared.total(key) : this.committed.get(key), fresh)
   }
 
-  /** A payment from `address` was committed. */
+  /** A payment from `address` was committed (by this process; nothing to do when `shared`: see `spendOps`). */
   spend(address: string, amount: bigint): void {
+    if (this.shared) return
     const key = address.toLowerCase()
     const c = this.committed.get(key)
     if (c !== undefined) this.committed.set(key, c + amount)
   }
 
-  private estimate(key: string, r: Reading): bigint {
-    return r.balance - ((this.committed.get(key) ?? 0n) - r.base)
+  /** The writes that count a payment from `address` as committed, for its agent's locked transaction: only when `shared`. */
+  async spendOps(address: string, amount: bigint): Promise<BatchOp[]> {
+    return this.shared ? [await this.shared.add(address, amount)] : []
+  }
+
+  /** `committed`: from the address so far (every replica's when shared, else this process's). */
+  private estimate(committed: bigint | undefined, r: Reading): bigint {
+    return r.balance - ((committed ?? 0n) - r.base)
   }
 
   private refresh(key: string, address: `0x${string}`): Promise<Reading> {
@@ -79,11 +123,12 @@ export class Balances {
       this.readings.clear()
       for (const k of this.committed.keys()) if (!this.reads.has(k)) this.committed.delete(k)
     }
-    if (!this.committed.has(key)) this.committed.set(key, 0n)
-    const reading = { at: this.clock.now(), base: this.committed.get(key)! }
-    const p = this.read(address)
-      .then((balance): Reading => {
-        const r = { ...reading, balance }
+    if (!this.shared && !this.committed.has(key)) this.committed.set(key, 0n)
+    const at = this.clock.now()
+    // The committed total before the chain is asked: a payment committed in between is then subtracted (erring low), never missed.
+    const sent = (base: bigint): Promise<Reading> => this.read(address).then((balance) => ({ at, base, balance }))
+    const p = (this.shared ? this.shared.total(key).then(sent) : sent(this.committed.get(key)!))
+      .then((r): Reading => {
         this.readings.set(key, r)
         return r
       })

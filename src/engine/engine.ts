@@ -22,7 +22,7 @@ import { attempt, outcome } from '../util/result.js'
 import type { Wallets } from '../wallet/wallets.js'
 import type { MppAdapter } from './adapters/mpp.js'
 import type { PayRequest, Plan, ProtocolAdapter, SigningWallet } from './adapters/types.js'
-import { Balances } from './balances.js'
+import { Balances, WalletSpend } from './balances.js'
 import { deliver, type DeliverDeps } from './deliver.js'
 import { Leases } from './leases.js'
 import { choosePlan, detectAll, MAX_402_BODY, read402, type Choice } from './offers.js'
@@ -95,7 +95,11 @@ export class PaymentEngine {
   constructor(private readonly d: EngineDeps) {
     this.locks = d.locks ?? new CrossLocks(d.store, d.clock)
     this.aheadSigner = new AheadSigner({ policies: d.policies, wallets: d.wallets, clock: d.clock, busy: () => this.leases.size > 0 })
-    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed') })
+    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, {
+      onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed'),
+      // Replicas: every replica's committed spend, from the store (balances.ts).
+      ...(d.store.backend === 'postgres' ? { shared: new WalletSpend(d.store) } : {}),
+    })
     this.recorder = new Recorder({ store: d.store, policies: d.policies, transactions: d.transactions, outbox: d.outbox, events: d.events, hooks: d.hooks, clock: d.clock, balances: this.balances })
     this.reserveDeps = {
       policies: d.policies,

@@ -132,6 +132,8 @@ export class Recorder {
       // written a newer usage (a new hold) that it would overwrite. (LevelDB: `latest` writes
       // the newest cached usage whenever the batch lands.)
       const shared = this.d.store.backend === 'postgres'
+      // With it, the wallet's committed total that every replica's funds check reads (balances.ts); read before the outbox takes the record.
+      const spent = shared && rec.authorization && isEip3009(rec.authorization) ? await this.d.balances.spendOps(rec.authorization.from, BigInt(rec.amount)) : []
       // The outbox numbers the ledger record and writes it with these operations, in order;
       // awaited outside the agent's lock, so its next payment can be decided meanwhile.
       const pending = this.d.outbox.record(entry ?? ledgerEntryOf(rec, plan.protocol), rec.id, (hash) => {
@@ -146,9 +148,9 @@ export class Recorder {
             : {}),
           ledger: { status: 'queued' },
         }
-        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed }, shared ? [] : [usageOp])
+        return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed, dailyBudget: policy.dailyBudget ?? null }, shared ? [] : [usageOp])
       })
-      return { ops: shared ? [usageOp] : [], result: outcome(pending) }
+      return { ops: shared ? [usageOp, ...spent] : [], result: outcome(pending) }
     })
     const recorded = await recording
     if (!recorded.ok) {

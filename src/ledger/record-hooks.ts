@@ -13,7 +13,8 @@ import type { TxRecord } from './transactions.js'
 export type RecordChange =
   | { kind: 'rejected'; record: TxRecord }
   | { kind: 'reserved'; record: TxRecord }
-  | { kind: 'paid'; record: TxRecord; prev: TxRecord; usage?: UsageState }
+  /** `dailyBudget`: the agent's, as the payment was committed (base units; null: none), when the engine read its policy. */
+  | { kind: 'paid'; record: TxRecord; prev: TxRecord; usage?: UsageState; dailyBudget?: string | null }
   | { kind: 'finished'; record: TxRecord; prev?: TxRecord }
   /** A call served under an MPP session (no payment, no record): only counters move. */
   | { kind: 'session'; agentId: string; at: number; endpoint: string }

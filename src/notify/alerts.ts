@@ -10,44 +10,77 @@ import { MAX_ALERTS_PER_AGENT, MAX_WEBHOOK_ENDPOINTS, type Alert, type AlertInpu
  * Alerts per agent and the account's webhook endpoints, in the store and held in memory
  * (loaded once at start): the notifier reads them per event without a store read. An
  * agent's alerts and their fired state go in the same batch as the agent's delete.
+ * Replicas on one database: each reloads them every `REFRESH_MS` (`startRefreshing`), so an
+ * alert or endpoint changed through another replica is seen here within that time.
  */
 export class AlertBook {
   readonly alertsColl: Collection<Alert>
   readonly endpointsColl: Collection<WebhookEndpoint>
   readonly firedColl: Collection<Fired>
-  private readonly alerts = new Map<string, Alert>()
-  private readonly endpoints = new Map<string, WebhookEndpoint>()
+  private alerts = new Map<string, Alert>()
+  private endpoints = new Map<string, WebhookEndpoint>()
+  /** Counts this process's changes: a reload that overlapped one is done again (it may have missed it). */
+  private changes = 0
+  private refresher: NodeJS.Timeout | null = null
 
   constructor(
     private readonly store: Store,
     private readonly registry: Registry,
     private readonly clock: Clock,
-    onAgentGone: (agentId: string) => BatchOp[],
+    onAgentGone: (agentId: string) => BatchOp[] | Promise<BatchOp[]>,
   ) {
     this.alertsColl = store.collection('alerts')
     this.endpointsColl = store.collection('webhookEndpoints')
     this.firedColl = store.collection('alertFired')
     registry.onAgentDelete(
-      (agentId) => [
-        ...this.ofAgent(agentId).flatMap((a): BatchOp[] => [
+      async (agentId) => [
+        ...(await this.ofAgentStored(agentId)).flatMap((a): BatchOp[] => [
           { type: 'del', coll: this.alertsColl as Collection<unknown>, key: a.alertId },
           { type: 'del', coll: this.firedColl as Collection<unknown>, key: a.alertId },
         ]),
-        ...onAgentGone(agentId),
+        ...(await onAgentGone(agentId)),
       ],
       (agentId) => {
         for (const a of this.ofAgent(agentId)) this.alerts.delete(a.alertId)
+        this.changes++
       },
     )
   }
 
   async load(): Promise<void> {
-    for await (const [id, a] of this.alertsColl.entries()) this.alerts.set(id, a)
-    for await (const [id, w] of this.endpointsColl.entries()) this.endpoints.set(id, w)
+    for (let tries = 0; tries < 3; tries++) {
+      const before = this.changes
+      const alerts = new Map<string, Alert>()
+      const endpoints = new Map<string, WebhookEndpoint>()
+      for await (const [id, a] of this.alertsColl.entries()) alerts.set(id, a)
+      for await (const [id, w] of this.endpointsColl.entries()) endpoints.set(id, w)
+      if (before !== this.changes && tries < 2) continue
+      this.alerts = alerts
+      this.endpoints = endpoints
+      return
+    }
+  }
+
+  /** Replicas: reload every `ms` until `stopRefreshing`. */
+  startRefreshing(ms: number, onError: (e: unknown) => void): void {
+    this.refresher = setInterval(() => void this.load().catch(onError), ms)
+    this.refresher.unref()
+  }
+
+  stopRefreshing(): void {
+    if (this.refresher) clearInterval(this.refresher)
   }
 
   all(): Alert[] {
     return [...this.alerts.values()]
+  }
+
+  /** An agent's alerts for its delete: with replicas from the store (one made through another replica may not be loaded here yet). */
+  private async ofAgentStored(agentId: string): Promise<Alert[]> {
+    if (this.store.backend !== 'postgres') return this.ofAgent(agentId)
+    const out: Alert[] = []
+    for await (const [, a] of this.alertsColl.entries()) if (a.agentId === agentId) out.push(a)
+    return out
   }
 
   ofAgent(agentId: string): Alert[] {
@@ -66,6 +99,7 @@ export class AlertBook {
       const alert: Alert = { alertId: `al_${randomBase62(16)}`, ...input, createdAt: new Date(this.clock.now()).toISOString() }
       await this.alertsColl.put(alert.alertId, alert)
       this.alerts.set(alert.alertId, alert)
+      this.changes++
       return alert
     })
   }
@@ -80,6 +114,7 @@ export class AlertBook {
         { type: 'del', coll: this.firedColl as Collection<unknown>, key: alertId },
       ])
       this.alerts.set(alertId, next)
+      this.changes++
       return next
     })
   }
@@ -91,6 +126,7 @@ export class AlertBook {
       { type: 'del', coll: this.firedColl as Collection<unknown>, key: alertId },
     ])
     this.alerts.delete(alertId)
+    this.changes++
   }
 
   listEndpoints(): WebhookEndpoint[] {
@@ -108,6 +144,7 @@ export class AlertBook {
     const w: WebhookEndpoint = { webhookId: `wh_${randomBase62(16)}`, url, events, createdAt: new Date(this.clock.now()).toISOString() }
     await this.endpointsColl.put(w.webhookId, w)
     this.endpoints.set(w.webhookId, w)
+    this.changes++
     return w
   }
 
@@ -115,5 +152,6 @@ export class AlertBook {
     this.endpoint(webhookId)
     await this.endpointsColl.del(webhookId)
     this.endpoints.delete(webhookId)
+    this.changes++
   }
 }

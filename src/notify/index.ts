@@ -12,7 +12,7 @@ import { webhookHeaders } from './channels/webhook.js'
 import { builtInKey } from './fire.js'
 import type { Delivery } from './model.js'
 import { Notifier } from './notifier.js'
-import { DeliveryQueue, type Sender } from './queue.js'
+import { DeliveryQueue, type ReplicaLeases, type Sender } from './queue.js'
 import { WebhookSecret } from './secret.js'
 import { MinuteSpend, type SpendWindow } from './spend.js'
 
@@ -35,6 +35,8 @@ export interface NotifyDeps {
   settings: NotifySettings
   /** Where spend_rate reads an agent's spend over a window (default: the notifier's own minute buckets). */
   spendWindow?: SpendWindow
+  /** Replicas on one database: their leases, by which each delivery is owned by one replica (queue.ts). */
+  owners?: ReplicaLeases
 }
 
 /** Alerts, account webhook endpoints, the signing secret, the notifier and its delivery queue. */
@@ -69,9 +71,13 @@ function sender(d: NotifyDeps, secret: WebhookSecret): Sender {
 export function buildNotifications(d: NotifyDeps): Notifications {
   const { store } = d
   const spend = new MinuteSpend(store)
-  const book = new AlertBook(d.store, d.registry, d.clock, (agentId) => [...spend.forget(agentId), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
+  const book = new AlertBook(d.store, d.registry, d.clock, async (agentId) => [...(await spend.forgetAll(agentId)), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
   const secret = new WebhookSecret(d.store, d.keystore)
-  const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), { concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000 })
+  const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), {
+    ...{ concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000, attemptMs: d.settings.timeoutMs },
+    ...(d.owners ? { owners: d.owners } : {}),
+  })
+  let spendSweep: NodeJS.Timeout | null = null
   const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute })
   return {
     book,
@@ -82,6 +88,13 @@ export function buildNotifications(d: NotifyDeps): Notifications {
     queueDepth: () => queue.depth(),
     async start() {
       await Promise.all([book.load(), spend.load()])
+      // Replicas: alerts and endpoints changed through another replica are seen within 2 s.
+      if (store.backend === 'postgres') {
+        book.startRefreshing(2_000, (e) => d.log.warn({ err: e }, 'reloading alerts failed'))
+        // Spend buckets of stopped replicas, past 24 h.
+        spendSweep = setInterval(() => void spend.sweep(d.clock.now()).catch((e: unknown) => d.log.warn({ err: e }, 'sweeping old spend buckets failed')), 3_600_000)
+        spendSweep.unref()
+      }
       await queue.start()
       await notifier.start()
     },
@@ -93,8 +106,9 @@ export function buildNotifications(d: NotifyDeps): Notifications {
       } while (notifier.backlog())
     },
     async close() {
-      queue.close()
-      await notifier.close()
+      book.stopRefreshing()
+      if (spendSweep) clearInterval(spendSweep)
+      await Promise.all([queue.close(), notifier.close()])
     },
   }
 }

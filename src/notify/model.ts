@@ -52,6 +52,8 @@ export interface Attempt {
   /** HTTP status (SMTP reply code for email), null when none came. */
   status: number | null
   error: string | null
+  /** Replicas: the replica that made the attempt (not shown by the API). */
+  by?: string
 }
 
 export interface Delivery {
@@ -71,6 +73,8 @@ export interface Delivery {
   updatedAt: number
   /** When `POST /v1/deliveries/<id>/retry` sent a dropped delivery again. */
   retriedAt?: number[]
+  /** Replicas on one database: the replica that attempts it (created or adopted it); absent on LevelDB. Not shown by the API. */
+  owner?: string
 }
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v)

@@ -5,6 +5,7 @@ import type { PolicyStore } from '../policy/store.js'
 import { usedToday } from '../policy/usage.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
+import { randomBase62 } from '../util/random.js'
 import type { AlertBook } from './alerts.js'
 import { slackMessage } from './channels/slack.js'
 import { builtInKey, capKey, fire, inert, testPayload, windowsOf, type Fired, type Message } from './fire.js'
@@ -14,6 +15,10 @@ import type { MinuteSpend, SpendWindow } from './spend.js'
 
 /** An event entry not found this long after its record hook ran belongs to a write that failed: forgotten. */
 const UNWRITTEN_AFTER_MS = 30_000
+/** Replicas: an entry still stored this long after it was made was left by a replica that stopped (see `orphans`). */
+const ORPHANED_AFTER_MS = 30_000
+/** Replicas: the database lock every expansion holds (the fired state and endpoint caps are read-modify-written across agents). */
+const EXPAND_LOCK = 'notify\u0000expand'
 
 export interface NotifierOptions {
   /** Deliveries per account webhook endpoint per minute (a storm of refusals must not become a storm of webhooks). */
@@ -27,15 +32,27 @@ export interface NotifierOptions {
  * none exists for a record that was not written. It then expands each entry, in order,
  * into deliveries and the alerts' fired state in one batch of its own that also deletes
  * the entry, and hands the deliveries to the queue. Payments never wait for any of it.
+ *
+ * Replicas on one database: entry ids carry a random part per process (two replicas' ids never
+ * collide), each expansion runs under one database lock and re-reads its entry there (so a
+ * threshold fires once across replicas, an endpoint's per-minute cap counts every replica's
+ * deliveries, and an entry is expanded once even when two replicas both hold it), and entries
+ * a stopped replica left unexpanded are picked up by the others (`orphans`).
  */
 export class Notifier {
   readonly events: Collection<EventEntry>
-  private pending: { id: string; since: number }[] = []
+  /** `stored`: read from the store (start, orphans), so one not found was expanded already (by another replica). */
+  private pending: { id: string; since: number; stored?: boolean }[] = []
+  private orphanTimer: NodeJS.Timeout | null = null
   private seq = 0
   private running: Promise<void> | null = null
   private again = false
   private closed = false
   private retryTimer: NodeJS.Timeout | null = null
+  /** Replicas share the store (PostgreSQL). */
+  private readonly shared: boolean
+  /** Replicas: in every event id, so two processes numbering events in one millisecond never make the same id. */
+  private readonly idPart: string
 
   constructor(
     private readonly store: Store,
@@ -49,17 +66,45 @@ export class Notifier {
     private readonly opts: NotifierOptions,
   ) {
     this.events = store.collection('notifyEvents')
+    this.shared = store.backend === 'postgres'
+    this.idPart = this.shared ? randomBase62(6) : ''
   }
 
   /** Entries left by the last run (written, not yet expanded) are expanded first. */
   async start(): Promise<void> {
     const now = this.clock.now()
-    for await (const id of this.events.keys()) this.pending.push({ id, since: now })
+    if (!this.shared) for await (const id of this.events.keys()) this.pending.push({ id, since: now, stored: true })
+    else {
+      // Replicas: only those of stopped replicas (live ones expand their own; one taken here would look unwritten to its maker), now and every 5 s.
+      await this.orphans()
+      this.orphanTimer = setInterval(() => void this.orphans().catch((e: unknown) => this.log.warn({ err: e }, 'looking for event entries of stopped replicas failed')), 5_000)
+      this.orphanTimer.unref()
+    }
     this.kick()
   }
 
   private newId(at: number): string {
-    return `ev_${at.toString(36).padStart(9, '0')}${(this.seq++ % 36 ** 6).toString(36).padStart(6, '0')}`
+    return `ev_${at.toString(36).padStart(9, '0')}${(this.seq++ % 36 ** 6).toString(36).padStart(6, '0')}${this.idPart}`
+  }
+
+  /**
+   * Replicas: queue the stored entries made more than `ORPHANED_AFTER_MS` ago that this process
+   * does not hold: a replica that wrote them stopped before expanding them (its own are
+   * expanded within moments). Expanding one twice is harmless (see `expand`). Called on the
+   * delivery queue's adoption look; the number queued.
+   */
+  async orphans(): Promise<number> {
+    if (!this.shared || this.closed) return 0
+    const held = new Set(this.pending.map((p) => p.id))
+    const before = (this.clock.now() - ORPHANED_AFTER_MS).toString(36).padStart(9, '0')
+    let n = 0
+    for await (const id of this.events.keys({ lt: `ev_${before}` })) {
+      if (held.has(id)) continue
+      this.pending.push({ id, since: this.clock.now(), stored: true })
+      n++
+    }
+    if (n) this.kick()
+    return n
   }
 
   /** The record-hook contributor: synchronous, never throws. */
@@ -86,11 +131,13 @@ export class Notifier {
         const at = r.updatedAt
         const usage = change.usage
         const policy = this.policies.cachedPolicy(r.agentId)
-        const budget = policy?.dailyBudget
+        // Not cached (replicas cache no policy): the daily budget the payment was decided under, as the change carries it (null: none).
+        const budget = policy ? policy.dailyBudget : change.dailyBudget
+        const known = policy ? (budget ?? null) : change.dailyBudget
         ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
         // Most payments can fire nothing (no alerts, under the budget's warning): no entry to write and expand.
         const used = usage ? usedToday(usage, at) : null
-        if (policy && inert({ kind: 'paid', usedToday: used, dailyBudget: budget === undefined ? null : BigInt(budget) }, this.book.ofAgent(r.agentId), [])) return ops
+        if (known !== undefined && inert({ kind: 'paid', usedToday: used, dailyBudget: known === null ? null : BigInt(known) }, this.book.ofAgent(r.agentId), [])) return ops
         entry = {
           ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
           ...{ usedToday: used !== null ? used.toString() : r.amount, periodStart: usage?.periodStart ?? null },
@@ -146,7 +193,7 @@ export class Notifier {
       const entry = await this.events.get(p.id)
       if (!entry) {
         // Its batch is not logged yet (look again soon, keeping the order), or it failed (forgotten).
-        if (this.clock.now() - p.since < UNWRITTEN_AFTER_MS) return this.later()
+        if (!p.stored && this.clock.now() - p.since < UNWRITTEN_AFTER_MS) return this.later()
         this.pending.shift()
         continue
       }
@@ -166,6 +213,25 @@ export class Notifier {
 
   /** One event: its deliveries, the changed fired state and the entry's delete, in one batch. */
   private async expand(ev: EventEntry): Promise<void> {
+    if (!this.shared) {
+      const out = await this.decide(ev)
+      await this.store.batch(out.ops)
+      return this.handOver(ev, out)
+    }
+    // Replicas: under the one lock, reading the entry again (another replica may have expanded it meanwhile) and the fired state after the last holder's write.
+    const { result, written } = await this.store.transact(EXPAND_LOCK, async () => {
+      const cur = await this.events.get(ev.id)
+      if (!cur) return { ops: [], result: null }
+      const out = await this.decide(cur)
+      return { ops: out.ops, result: out }
+    })
+    const w = await written
+    if (!w.ok) throw w.error
+    if (result) this.handOver(ev, result)
+  }
+
+  /** What an event sends and changes: the batch that writes it, its deliveries, the endpoints' skipped counts. */
+  private async decide(ev: EventEntry): Promise<{ ops: BatchOp[]; deliveries: Delivery[]; capped: Map<string, number> }> {
     const alerts = this.book.ofAgent(ev.agentId)
     const endpoints = this.book.listEndpoints()
     const keys = [...alerts.map((a) => a.alertId), builtInKey(ev.agentId), ...endpoints.map((w) => capKey(w.webhookId))]
@@ -184,8 +250,12 @@ export class Notifier {
     const deliveries = out.messages.map((m) => this.delivery(m, now))
     const ops: BatchOp[] = [...this.queue.ops(deliveries), { type: 'del', coll: this.events as Collection<unknown>, key: ev.id }]
     for (const [k, s] of out.fired) ops.push({ type: 'put', coll: this.book.firedColl as Collection<unknown>, key: k, value: s })
-    await this.store.batch(ops)
-    this.queue.accept(deliveries)
+    return { ops, deliveries, capped: out.capped }
+  }
+
+  /** Once written: the deliveries to the queue. */
+  private handOver(ev: EventEntry, out: { deliveries: Delivery[]; capped: Map<string, number> }): void {
+    this.queue.accept(out.deliveries)
     for (const [webhookId, n] of out.capped) this.log.warn({ webhookId, skipped: n, event: ev.kind }, 'webhook endpoint over its per-minute cap; deliveries skipped')
   }
 
@@ -222,6 +292,7 @@ export class Notifier {
   async close(): Promise<void> {
     this.closed = true
     if (this.retryTimer) clearTimeout(this.retryTimer)
+    if (this.orphanTimer) clearInterval(this.orphanTimer)
     await this.running
   }
 }

@@ -10,6 +10,14 @@ import { afterFailure, ok } from './schedule.js'
 
 export type Sender = (d: Delivery) => Promise<AttemptResult>
 
+/** The replica leases (store/leases.ts `CrossLocks`) on a store shared by replicas. */
+export interface ReplicaLeases {
+  /** This replica's id, stamped as the owner of the deliveries it creates or adopts. */
+  readonly replicaId: string
+  /** When a replica's lease ends or ended; null when it was released (a graceful stop) or never held. */
+  leaseEnd(replicaId: string): Promise<number | null>
+}
+
 export interface QueueOptions {
   /** Attempts in flight at once. */
   concurrency: number
@@ -17,7 +25,16 @@ export interface QueueOptions {
   pollMs?: number
   /** Delivered and dropped deliveries are deleted this long after their last change. */
   retentionMs: number
+  /** Replicas share the store: deliveries are owned (see `DeliveryQueue`). */
+  owners?: ReplicaLeases
+  /** The longest one attempt can take (notify.timeoutMs): how long an adopter waits for a live-looking owner's attempt to end. */
+  attemptMs?: number
+  /** How often (real time) a replica looks for deliveries of stopped replicas. Default 5 s. */
+  adoptMs?: number
 }
+
+/** Added to `attemptMs` for what follows an attempt (its result's write). */
+const FENCE_MARGIN_MS = 2_000
 
 /** Sortable by creation: a reverse walk lists newest first, a forward one finds what retention removes. */
 export const newDeliveryId = (now: number): string => `dl_${now.toString(36).padStart(9, '0')}${randomBase62(10)}`
@@ -30,6 +47,17 @@ const SWEEP_EVERY_MS = 3_600_000
  * also indexed (`notifyDue`, id to due time, that index alone held in memory), so a restart picks the schedule up where it
  * was. Attempts run at most `concurrency` at once, off the payment path; each result is
  * written after the attempt, so a crash mid-attempt repeats it (at least once, same id).
+ *
+ * Replicas on one database (`owners`): each delivery names its `owner`, the replica that
+ * created it, and only the owner attempts it; the others leave it alone while the owner's
+ * replica lease lives. Every `adoptMs` each replica looks through the waiting index for
+ * deliveries of replicas whose lease expired (killed) or was released (stopped) and adopts
+ * them, each under the delivery's database lock, so exactly one replica takes each. Every
+ * attempt reads its delivery first and writes its result under that lock only while it is
+ * still the owner, and an adopter whose predecessor's lease merely expired waits
+ * `attemptMs` before its first attempt: an attempt a stalled owner began before the adoption
+ * has ended by then. So two replicas never attempt one delivery at once. On LevelDB (one
+ * process) none of this runs: the index is loaded at start, as before.
  */
 export class DeliveryQueue {
   readonly coll: Collection<Delivery>
@@ -40,8 +68,14 @@ export class DeliveryQueue {
   private readonly running = new Set<Promise<void>>()
   private timer: NodeJS.Timeout | null = null
   private sweepTimer: NodeJS.Timeout | null = null
+  private adoptTimer: NodeJS.Timeout | null = null
+  private adopting: Promise<number> | null = null
   private closed = false
   private readonly pollMs: number
+  /** This replica's id when replicas share the store; null on LevelDB. */
+  private readonly me: string | null
+  /** Waiting deliveries of other replicas seen by the last look, with their owner: not read again while it lives. */
+  private others = new Map<string, string>()
 
   constructor(
     private readonly store: Store,
@@ -53,17 +87,36 @@ export class DeliveryQueue {
     this.coll = store.collection('notifyDeliveries')
     this.dueColl = store.collection('notifyDue')
     this.pollMs = opts.pollMs ?? 1000
+    this.me = opts.owners?.replicaId ?? null
   }
 
   async start(): Promise<void> {
-    // The index is written with every change of a delivery, so it holds exactly the waiting ones.
-    for await (const [id, nextAt] of this.dueColl.entries()) this.waiting.set(id, nextAt)
+    if (this.me) {
+      // Others take a delivery whose owner has no lease row as released: own none before the row is written.
+      await this.leaseWritten()
+      // Nothing is ours yet (a new id each start): what the last run left is adopted like any stopped replica's.
+      await this.adopt()
+      this.adoptTimer = setInterval(() => void this.adopt().catch((e: unknown) => this.log.warn({ err: e }, 'looking for deliveries of stopped replicas failed')), this.opts.adoptMs ?? 5_000)
+      this.adoptTimer.unref()
+    } else {
+      // The index is written with every change of a delivery, so it holds exactly the waiting ones.
+      for await (const [id, nextAt] of this.dueColl.entries()) this.waiting.set(id, nextAt)
+    }
     this.sweepTimer = setInterval(() => void this.sweep().catch((e: unknown) => this.log.warn({ err: e }, 'sweeping old deliveries failed')), SWEEP_EVERY_MS)
     this.sweepTimer.unref()
     this.kick()
   }
 
-  /** Deliveries waiting to be delivered (pending or retrying): the queue depth gauge. */
+  /** Replicas: wait (about 30 s at most) until this replica's lease row exists (its claim runs alongside the start). */
+  private async leaseWritten(): Promise<void> {
+    for (let i = 0, wait = 5; (await this.opts.owners!.leaseEnd(this.me!)) === null; i++, wait = Math.min(wait * 2, 500)) {
+      if (this.closed) return
+      if (i === 70) return this.log.warn('this replica holds no lease yet; its deliveries may be adopted by others before it does')
+      await new Promise((r) => setTimeout(r, wait))
+    }
+  }
+
+  /** Deliveries waiting to be delivered (pending or retrying): the queue depth gauge (with replicas: those this replica owns). */
   depth(): number {
     return this.waiting.size
   }
@@ -71,9 +124,14 @@ export class DeliveryQueue {
   /** The ops that store new deliveries (the caller writes them with its own). */
   ops(ds: readonly Delivery[]): BatchOp[] {
     return ds.flatMap((d): BatchOp[] => [
-      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: d },
+      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: this.owned(d) },
       { type: 'put', coll: this.dueColl as Collection<unknown>, key: d.id, value: d.nextAt ?? 0 },
     ])
+  }
+
+  /** `d` stamped with this replica as its owner (unchanged on LevelDB). */
+  private owned(d: Delivery): Delivery {
+    return this.me ? { ...d, owner: this.me } : d
   }
 
   /** Take deliveries whose ops are written. */
@@ -124,9 +182,75 @@ export class DeliveryQueue {
     }
   }
 
+  /**
+   * Replicas: adopt the waiting deliveries of replicas whose lease ended (see the class). Runs
+   * every `adoptMs`, one look at a time; the number adopted. Each candidate is read once and
+   * then skipped while its owner's lease lives.
+   */
+  adopt(): Promise<number> {
+    if (!this.me || this.closed) return Promise.resolve(0)
+    this.adopting ??= this.adoptNow().finally(() => {
+      this.adopting = null
+    })
+    return this.adopting
+  }
+
+  private async adoptNow(): Promise<number> {
+    const ends = new Map<string, number | null>()
+    const endOf = async (owner: string): Promise<number | null> => {
+      if (!ends.has(owner)) ends.set(owner, await this.opts.owners!.leaseEnd(owner))
+      return ends.get(owner)!
+    }
+    const live = async (owner: string | undefined): Promise<boolean> => !!owner && ((await endOf(owner)) ?? 0) > this.clock.now()
+    const seen = new Map<string, string>()
+    const unknown: string[] = []
+    for await (const id of this.dueColl.keys()) {
+      if (this.waiting.has(id)) continue
+      const owner = this.others.get(id)
+      if (owner && (await live(owner))) seen.set(id, owner)
+      else unknown.push(id)
+    }
+    let adopted = 0
+    for (let i = 0; i < unknown.length && !this.closed; i += 100) {
+      const ids = unknown.slice(i, i + 100)
+      for (const [j, d] of (await this.coll.getMany(ids)).entries()) {
+        if (!d || this.closed) continue
+        if (d.owner === this.me)
+          this.waiting.set(ids[j]!, d.nextAt ?? 0) // written just now, its accept() to follow
+        else if (d.owner && (await live(d.owner))) seen.set(ids[j]!, d.owner)
+        else if (await this.adoptOne(ids[j]!)) adopted++
+      }
+    }
+    this.others = seen
+    if (adopted) this.kick()
+    return adopted
+  }
+
+  /** Take one delivery under its lock if its owner is still gone; whether this replica took it. */
+  private async adoptOne(id: string): Promise<boolean> {
+    const { result, written } = await this.store.transact(lockOf(id), async () => {
+      const d = await this.coll.get(id)
+      if (!d || (d.status !== 'pending' && d.status !== 'retrying') || d.owner === this.me) return { ops: [], result: null }
+      const end = d.owner ? await this.opts.owners!.leaseEnd(d.owner) : null
+      const now = this.clock.now()
+      if (end !== null && end > now) return { ops: [], result: null }
+      // A lease that expired rather than was released: its holder may only be stalled, mid-attempt. Let that attempt end first.
+      const notBefore = end === null ? 0 : now + (this.opts.attemptMs ?? 0) + FENCE_MARGIN_MS
+      const next: Delivery = { ...d, owner: this.me! }
+      return { ops: [{ type: 'put' as const, coll: this.coll as Collection<unknown>, key: id, value: next }], result: { from: d.owner ?? null, at: Math.max(d.nextAt ?? 0, notBefore) } }
+    })
+    if (!result) return false
+    const w = await written
+    if (!w.ok) throw w.error
+    this.waiting.set(id, result.at)
+    this.log.info({ deliveryId: id, from: result.from }, 'adopted a delivery of a stopped replica')
+    return true
+  }
+
   private async attempt(id: string): Promise<void> {
     const d = await this.coll.get(id).catch(() => undefined)
-    if (!d || (d.status !== 'pending' && d.status !== 'retrying')) {
+    // Gone, finished, or (replicas) adopted by another replica while this one was stalled: not ours to attempt.
+    if (!d || (d.status !== 'pending' && d.status !== 'retrying') || (this.me && d.owner !== this.me)) {
       if (!this.closed) this.waiting.delete(id)
       return
     }
@@ -136,15 +260,19 @@ export class DeliveryQueue {
     } catch (e) {
       r = { status: null, error: (e as Error).message ?? String(e) }
     }
-    if (this.closed) return // written at the next start: the attempt is repeated, same id
+    // LevelDB: written at the next start, the attempt is repeated, same id. (Replicas: close() waits for it and it is written.)
+    if (this.closed && !this.me) return
     const now = this.clock.now()
-    const attempts = [...d.attempts, { at: now, status: r.status, error: r.error }]
+    const attempts = [...d.attempts, { at: now, status: r.status, error: r.error, ...(this.me ? { by: this.me } : {}) }]
     const failures = attempts.filter((a) => !ok(a.status)).length
     const next: Delivery = ok(r.status)
       ? { ...d, attempts, status: 'delivered', nextAt: null, updatedAt: now }
       : { ...d, attempts, ...afterFailure(failuresSinceRetry(d, failures), now), updatedAt: now }
     try {
-      await this.store.batch(this.write(next))
+      if (!(await this.writeOwned(next))) {
+        this.waiting.delete(d.id)
+        return
+      }
     } catch (e) {
       this.log.warn({ err: e, deliveryId: d.id }, 'writing a delivery attempt failed; it is attempted again')
       return
@@ -156,10 +284,25 @@ export class DeliveryQueue {
     }
   }
 
+  /** Write an attempt's result; with replicas only while this one still owns it (whether written). */
+  private async writeOwned(next: Delivery): Promise<boolean> {
+    if (!this.me) {
+      await this.store.batch(this.write(next))
+      return true
+    }
+    const { result, written } = await this.store.transact(lockOf(next.id), async () => {
+      const cur = await this.coll.get(next.id)
+      return cur?.owner === this.me ? { ops: this.write(next), result: true } : { ops: [], result: false }
+    })
+    const w = await written
+    if (!w.ok) throw w.error
+    return result
+  }
+
   private write(d: Delivery): BatchOp[] {
     const final = d.status === 'delivered' || d.status === 'dropped'
     return [
-      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: d },
+      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: this.owned(d) },
       final ? { type: 'del', coll: this.dueColl as Collection<unknown>, key: d.id } : { type: 'put', coll: this.dueColl as Collection<unknown>, key: d.id, value: d.nextAt ?? 0 },
     ]
   }
@@ -172,11 +315,25 @@ export class DeliveryQueue {
 
   /** Send a dropped delivery again: a fresh schedule, the same id and body. Others: 409. */
   async retry(id: string): Promise<Delivery> {
-    const d = await this.get(id)
-    if (d.status !== 'dropped') throw new PaygateError('conflict', `delivery ${id} is ${d.status}; only a dropped delivery can be retried`, { extra: { status: d.status } })
-    const now = this.clock.now()
-    const next: Delivery = { ...d, status: 'pending', nextAt: now, retriedAt: [...(d.retriedAt ?? []), now], updatedAt: now }
-    await this.store.batch(this.write(next))
+    const again = async (): Promise<{ ops: BatchOp[]; result: Delivery }> => {
+      const d = await this.get(id)
+      if (d.status !== 'dropped') throw new PaygateError('conflict', `delivery ${id} is ${d.status}; only a dropped delivery can be retried`, { extra: { status: d.status } })
+      const now = this.clock.now()
+      const next: Delivery = this.owned({ ...d, status: 'pending', nextAt: now, retriedAt: [...(d.retriedAt ?? []), now], updatedAt: now })
+      return { ops: this.write(next), result: next }
+    }
+    let next: Delivery
+    if (this.me) {
+      // Under the delivery's lock: two replicas retrying it at once, one wins and owns it; the other gets the 409.
+      const r = await this.store.transact(lockOf(id), again)
+      const w = await r.written
+      if (!w.ok) throw w.error
+      next = r.result
+    } else {
+      const r = await again()
+      await this.store.batch(r.ops)
+      next = r.result
+    }
     this.accept([next])
     return next
   }
@@ -209,13 +366,22 @@ export class DeliveryQueue {
     return ops.length
   }
 
-  /** Stop attempting; what is waiting stays stored and resumes at the next start. */
-  close(): void {
+  /**
+   * Stop attempting; what is waiting stays stored and resumes at the next start. With replicas
+   * the attempts under way are awaited (each ends within `attemptMs`) and written, before the
+   * replica releases its lease and others adopt what it leaves.
+   */
+  async close(): Promise<void> {
     this.closed = true
     if (this.timer) clearTimeout(this.timer)
     if (this.sweepTimer) clearInterval(this.sweepTimer)
+    if (this.adoptTimer) clearInterval(this.adoptTimer)
+    if (this.me) await Promise.allSettled([...this.running, this.adopting])
   }
 }
+
+/** The database lock of one delivery (adoption, an attempt's result, a manual retry). */
+const lockOf = (id: string): string => `notifyDelivery\u0000${id}`
 
 /** Failures counted for the schedule: those since the last manual retry (a retried delivery gets the whole schedule again). */
 function failuresSinceRetry(d: Delivery, failures: number): number {

@@ -1,4 +1,5 @@
 import type { BatchOp, Collection, Store } from '../store/index.js'
+import { randomBase62 } from '../util/random.js'
 
 /**
  * An agent's committed spend over a trailing window, as the spend_rate rule reads it. The
@@ -14,23 +15,34 @@ const MINUTE_MS = 60_000
 /** 24 h (the longest window) plus the minute a window's start falls in. */
 const HORIZON_MS = 24 * 60 * MINUTE_MS + MINUTE_MS
 
-const keyOf = (agentId: string, minute: number): string => `${agentId}\u0000${minute.toString(36).padStart(9, '0')}`
+const minuteKey = (minute: number): string => minute.toString(36).padStart(9, '0')
+const keyOf = (agentId: string, minute: number, writer = ''): string => `${agentId}\u0000${minuteKey(minute)}${writer ? `\u0000${writer}` : ''}`
+/** Past every writer suffix of a minute's keys. */
+const AFTER_WRITERS = '\u0000\uffff'
 
 /**
  * Per-agent minute buckets of paid amounts, kept by the notifications record hook in the
  * same write as each paid record (so they never disagree with the records after a crash),
  * held in memory and loaded once at start. One small key per agent and minute: a payment
  * writes its minute's total, and a new minute deletes the buckets past 24 h.
+ *
+ * Replicas on one database: each process writes its own buckets (the key ends with a writer id
+ * of its own, so no replica overwrites another's total) and `spent` sums every writer's from
+ * the store. Buckets of stopped writers past 24 h are deleted by `sweep` (hourly).
  */
 export class MinuteSpend implements SpendWindow {
   private readonly coll: Collection<string>
   private readonly byAgent = new Map<string, Map<number, bigint>>()
+  /** Replicas: this process's part of its keys; '' on LevelDB. */
+  private readonly writer: string
 
-  constructor(store: Store) {
+  constructor(private readonly store: Store) {
     this.coll = store.collection('notifySpend')
+    this.writer = store.backend === 'postgres' ? randomBase62(8) : ''
   }
 
   async load(): Promise<void> {
+    if (this.writer) return // replicas: nothing is this process's yet, and `spent` reads the store
     for await (const [key, units] of this.coll.entries()) {
       const i = key.lastIndexOf('\u0000')
       const agentId = key.slice(0, i)
@@ -50,25 +62,63 @@ export class MinuteSpend implements SpendWindow {
       for (const b of m.keys()) {
         if (b > at - HORIZON_MS) continue
         m.delete(b)
-        ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: keyOf(agentId, b) })
+        ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: keyOf(agentId, b, this.writer) })
       }
     }
     const total = (m.get(minute) ?? 0n) + units
     m.set(minute, total)
     const latest = (): string => (this.byAgent.get(agentId)?.get(minute) ?? total).toString()
-    ops.push({ type: 'put', coll: this.coll as Collection<unknown>, key: keyOf(agentId, minute), value: total.toString(), latest })
+    ops.push({ type: 'put', coll: this.coll as Collection<unknown>, key: keyOf(agentId, minute, this.writer), value: total.toString(), latest })
     return ops
   }
 
+  /** This process's buckets of a deleted agent (all of them on LevelDB; with replicas see `forgetAll`). */
   forget(agentId: string): BatchOp[] {
     const m = this.byAgent.get(agentId)
     this.byAgent.delete(agentId)
-    return [...(m?.keys() ?? [])].map((b): BatchOp => ({ type: 'del', coll: this.coll as Collection<unknown>, key: keyOf(agentId, b) }))
+    return [...(m?.keys() ?? [])].map((b): BatchOp => ({ type: 'del', coll: this.coll as Collection<unknown>, key: keyOf(agentId, b, this.writer) }))
   }
 
-  spent(agentId: string, fromMs: number, toMs: number): Promise<bigint> {
+  /** A deleted agent's buckets: with replicas every writer's, read from the store. */
+  async forgetAll(agentId: string): Promise<BatchOp[]> {
+    const own = this.forget(agentId)
+    if (!this.writer) return own
+    const ops: BatchOp[] = []
+    for await (const key of this.coll.keys({ gt: `${agentId}\u0000`, lt: `${agentId}\u0001` })) ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key })
+    return ops
+  }
+
+  async spent(agentId: string, fromMs: number, toMs: number): Promise<bigint> {
+    if (this.writer) return this.spentShared(agentId, fromMs, toMs)
     let n = 0n
     for (const [b, u] of this.byAgent.get(agentId) ?? []) if (b > fromMs && b <= toMs) n += u
-    return Promise.resolve(n)
+    return n
+  }
+
+  /** Replicas: every writer's buckets in the window, from the store. */
+  private async spentShared(agentId: string, fromMs: number, toMs: number): Promise<bigint> {
+    const from = fromMs - (fromMs % MINUTE_MS)
+    const to = toMs - (toMs % MINUTE_MS)
+    let n = 0n
+    // Buckets start on minutes: one after `fromMs` starts after its minute, and `toMs`'s minute is in.
+    for await (const [key, units] of this.coll.entries({ gt: keyOf(agentId, from) + AFTER_WRITERS, lte: keyOf(agentId, to) + AFTER_WRITERS })) {
+      const b = Number.parseInt(key.slice(agentId.length + 1, agentId.length + 10), 36)
+      if (b > fromMs && b <= toMs) n += BigInt(units)
+    }
+    return n
+  }
+
+  /** Replicas: delete every writer's buckets past 24 h (a stopped writer never prunes its own); the number deleted. */
+  async sweep(now: number): Promise<number> {
+    if (!this.writer) return 0
+    const ops: BatchOp[] = []
+    for await (const key of this.coll.keys()) {
+      const parts = key.split('\u0000')
+      const b = Number.parseInt(parts[parts.length - 2] ?? '', 36)
+      if (b <= now - HORIZON_MS) ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key })
+      if (ops.length >= 1000) break
+    }
+    if (ops.length) await this.store.batch(ops)
+    return ops.length
   }
 }

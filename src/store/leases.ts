@@ -92,8 +92,14 @@ export class CrossLocks {
 
   /** Whether `replicaId` (another replica) still holds its lease; always false on an unshared store. */
   async alive(replicaId: string): Promise<boolean> {
+    const end = await this.leaseEnd(replicaId)
+    return end !== null && end > this.clock.now()
+  }
+
+  /** When `replicaId`'s lease ends or ended (its last renewal plus the TTL); null when released (a graceful stop) or never held, or on an unshared store. */
+  async leaseEnd(replicaId: string): Promise<number | null> {
     const row = this.rows ? await this.rows.get(`replica\x00${replicaId}`) : undefined
-    return !!row && row.until > this.clock.now()
+    return row ? row.until : null
   }
 
   private async claim(rows: Collection<LeaseRow>, name: string, token: string): Promise<void> {
