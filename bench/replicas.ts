@@ -9,10 +9,11 @@
  *   (c) three gateways on one PostgreSQL database, the callers spread over them.
  *
  * With BENCH_REPLICAS_EMBEDDED=1, first, for reference, one gateway on LevelDB with its
- * embedded chain (the default; its own merchant, since the chain differs; about 30 s more). Printed: paid calls/s with 16 callers, p50/p95
- * of those calls and of sequential calls, ratios against (a), the CPU time of each process
- * group per paid call, and on PostgreSQL the statements per paid call (pg_stat_statements)
- * with the costliest. Each phase ends when the ledger contract counts all its payments.
+ * embedded chain (the default; its own merchant, since the chain differs; about 30 s more).
+ * Printed: paid calls/s with 16 callers, p50/p95 of those calls and of sequential calls,
+ * ratios against (a), the CPU time of each process group per paid call, and on PostgreSQL
+ * the statements per paid call (pg_stat_statements) with the costliest. Each phase then
+ * waits, bounded, for the ledger contract to count its payments, and says how many it did.
  */
 import { readFileSync, rmSync } from 'node:fs'
 import { loadavg } from 'node:os'
