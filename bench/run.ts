@@ -28,7 +28,7 @@ const benches: Record<string, () => Promise<void>> = {
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
   alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
   // Skipped, saying so, where no PostgreSQL server is installed.
-  replicas: () => benchReplicas({ agents: 16, warmup: 1500, warmupMs: 6000, sequential: 300, sequentialMs: 4000, concurrent: 6000, concurrentMs: 10_000, drainMs: 5000 }),
+  replicas: () => benchReplicas({ agents: 16, warmup: 1000, warmupMs: 4000, rounds: 3, sequential: 100, sequentialMs: 1500, concurrent: 2000, concurrentMs: 3000, drainMs: 4000 }),
 }
 /** The embedded chain filled to BENCH_DEVNET_RECORDS (default 1,000,000) ledger records; see devnet-scale.ts. */
 function benchDevnetScale(): Promise<void> {
