@@ -10,6 +10,7 @@ import { benchPay } from './pay.js'
 import { benchPayAb } from './pay-ab.js'
 import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
+import { benchReplicas } from './replicas.js'
 import { benchTree } from './tree.js'
 
 /** The devnet soak runs in its own process, so its memory figures are its own. */
@@ -26,6 +27,8 @@ const benches: Record<string, () => Promise<void>> = {
   devnet: benchDevnet,
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
   alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
+  // Skipped, saying so, where no PostgreSQL server is installed.
+  replicas: () => benchReplicas({ agents: 16, warmup: 1000, warmupMs: 4000, rounds: 3, sequential: 100, sequentialMs: 1500, concurrent: 2000, concurrentMs: 3000, drainMs: 4000 }),
 }
 /** The embedded chain filled to BENCH_DEVNET_RECORDS (default 1,000,000) ledger records; see devnet-scale.ts. */
 function benchDevnetScale(): Promise<void> {

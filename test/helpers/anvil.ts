@@ -14,9 +14,10 @@ export interface Anvil {
   stop(): void
 }
 
-export async function startAnvil(chainId = 31338): Promise<Anvil> {
+/** `args`: more anvil flags (a bench mines blocks on an interval, as the embedded chain does, instead of one per transaction). */
+export async function startAnvil(chainId = 31338, args: string[] = []): Promise<Anvil> {
   const port = await freePort()
-  const proc = spawn(anvilBinary(), ['--silent', '--host', '127.0.0.1', '--port', String(port), '--chain-id', String(chainId)], { stdio: ['ignore', 'ignore', 'pipe'] })
+  const proc = spawn(anvilBinary(), ['--silent', '--host', '127.0.0.1', '--port', String(port), '--chain-id', String(chainId), ...args], { stdio: ['ignore', 'ignore', 'pipe'] })
   let stderr = ''
   proc.stderr.on('data', (d: Buffer) => (stderr += d))
   const url = `http://127.0.0.1:${port}`

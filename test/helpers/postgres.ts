@@ -36,6 +36,17 @@ function binDir(): string {
 
 const asRoot = process.getuid?.() === 0
 
+/** Whether a cluster can be started here: the server binaries, and the postgres OS user when we are root. */
+export function postgresAvailable(): boolean {
+  try {
+    binDir()
+    if (asRoot) idOf('-u')
+    return true
+  } catch {
+    return false
+  }
+}
+
 function idOf(flag: '-u' | '-g'): number {
   const r = spawnSync('id', [flag, 'postgres'], { encoding: 'utf8' })
   if (r.status !== 0) throw new Error("no postgres OS user: install Debian's postgresql package")
@@ -55,8 +66,11 @@ function check(r: SpawnSyncReturns<string>, what: string): void {
 
 let dbSeq = 0
 
-/** Start a new cluster; `stop()` it (or let the process exit do it). */
-export async function startPostgres(): Promise<PgCluster> {
+/**
+ * Start a new cluster; `stop()` it (or let the process exit do it). `settings`: more server
+ * settings, `name=value` each (a bench loads `shared_preload_libraries=pg_stat_statements`).
+ */
+export async function startPostgres(extra: { settings?: string[] } = {}): Promise<PgCluster> {
   const bin = binDir()
   const dir = mkdtempSync(join(tmpdir(), 'paygate-pg-'))
   chmodSync(dir, 0o700)
@@ -76,7 +90,7 @@ export async function startPostgres(): Promise<PgCluster> {
   // A port found free may be taken before the server binds it: try another.
   for (let attempt = 0; ; attempt++) {
     port = await freePort()
-    const opts = `-c listen_addresses=127.0.0.1 -p ${port} -c unix_socket_directories=${dir} -c fsync=off -c full_page_writes=off -c max_connections=300`
+    const opts = `-c listen_addresses=127.0.0.1 -p ${port} -c unix_socket_directories=${dir} -c fsync=off -c full_page_writes=off -c max_connections=300${(extra.settings ?? []).map((x) => ` -c ${x}`).join('')}`
     const r = run(join(bin, 'pg_ctl'), ['-D', data, '-l', join(dir, 'log'), '-w', '-t', '60', '-o', opts, 'start'])
     if (r.status === 0) break
     if (attempt === 2) {

@@ -54,6 +54,45 @@ for (const backend of STORE_BACKENDS) {
       t.equal(await c.get('k'), 2)
     })
 
+    t.test('transact: keys and values with quotes, backslashes, escapes and SQL-looking text are written as given, with a delete in the batch', async (t) => {
+      const { store } = await testStore(t, undefined, backend)
+      const c = store.collection<unknown>("o'dd\\coll")
+      await c.put('gone', 1)
+      const odd = ["it's", 'back\\slash \\x41', '"quoted"', 'nul\u0000in', "'); DROP TABLE paygate_state; --", '$1::text[] $5', 'é 日本 🙂', "E'\\\\'"]
+      const value = { odd, nested: { s: odd.join('') }, n: 1 }
+      const { written } = await store.transact('k', async () => ({
+        ops: [
+          ...odd.map((k, i) => ({ type: 'put' as const, coll: c, key: `${k}\u0000${i}`, value: { k, i } })),
+          { type: 'put' as const, coll: c, key: 'v', value },
+          { type: 'del' as const, coll: c, key: 'gone' },
+        ],
+        result: null,
+      }))
+      t.ok((await written).ok, 'written')
+      t.same(await c.get('v'), value, 'the value as given')
+      t.same(
+        await Promise.all(odd.map((k, i) => c.get(`${k}\u0000${i}`))),
+        odd.map((k, i) => ({ k, i })),
+        'every odd key, as given',
+      )
+      t.equal(await c.get('gone'), undefined, 'the delete in the same batch')
+      if (backend !== 'postgres') return
+      // The database refuses a NUL in a collection name: the write fails in the transaction, which is rolled back and frees the key.
+      const bad = store.collection<unknown>('bad\u0000coll')
+      const failed = await store.transact('k', async () => ({
+        ops: [
+          { type: 'put' as const, coll: c, key: 'w', value: 1 },
+          { type: 'put' as const, coll: bad, key: 'x', value: 1 },
+        ],
+        result: null,
+      }))
+      t.notOk((await failed.written).ok, 'the write failed')
+      t.equal(await c.get('w'), undefined, 'nothing of it written')
+      const again = await store.transact('k', async () => ({ ops: [{ type: 'put' as const, coll: c, key: 'w', value: 2 }], result: null }))
+      t.ok((await again.written).ok, 'the key is free again')
+      t.equal(await c.get('w'), 2)
+    })
+
     t.test('transact: different keys do not wait for each other', async (t) => {
       const { store } = await testStore(t, undefined, backend)
       const c = store.collection<number>('counters')

@@ -31,5 +31,33 @@ for (const backend of STORE_BACKENDS) {
       )
       t.same([await coll.get('a'), await coll.get('b'), await coll.get('c')], [1, undefined, 3])
     })
+
+    t.test('300 concurrent gets over three collections, some missing, some of one key, each answer their own entry', async (t) => {
+      const colls = ['r1', 'r2', 'r3'].map((n) => store.collection<{ n: string }>(n))
+      await store.batch(colls.flatMap((c) => Array.from({ length: 50 }, (_, i) => ({ type: 'put' as const, coll: c, key: `k${i}\u0000x`, value: { n: `${c.name}/${i}` } }))))
+      const statements = countStatements(store)
+      // Keys 0..99 of each: 0..49 exist, 50..99 do not; every fifth read asks for key 0 again.
+      const want = Array.from({ length: 300 }, (_, i) => ({ c: colls[i % 3]!, k: i % 5 === 4 ? 0 : Math.floor(i / 3) }))
+      const got = await Promise.all(want.map((w) => w.c.get(`k${w.k}\u0000x`)))
+      t.same(
+        got,
+        want.map((w) => (w.k < 50 ? { n: `${w.c.name}/${w.k}` } : undefined)),
+      )
+      // On PostgreSQL, reads beyond the few in flight go together: far fewer statements than reads.
+      if (statements) t.ok(statements() < 100, `300 reads in ${statements()} statements`)
+    })
   })
+}
+
+/** On PostgreSQL, a count of the statements the store sends from now on; undefined on LevelDB. */
+function countStatements(store: object): (() => number) | undefined {
+  const s = store as { backend?: string; query?: (...a: unknown[]) => Promise<unknown> }
+  if (s.backend !== 'postgres' || !s.query) return undefined
+  let n = 0
+  const query = s.query.bind(store)
+  s.query = (...a: unknown[]) => {
+    n++
+    return query(...a)
+  }
+  return () => n
 }
