@@ -220,8 +220,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   // Cost trees read an index by parent; a store from before it gets it built once.
   const indexed = await transactions.indexParents(store.collection('meta'))
   if (indexed) log.info({ entries: indexed }, 'indexed transactions by parent')
-  // Before anything writes records: the aggregates are loaded, or built once from the records
-  // (on PostgreSQL each replica writes rows of its own, and queries sum every replica's).
+  // Before anything writes records: the aggregates are loaded, or built once from the records (replicas: rows of their own).
   const locks = new CrossLocks(store, clock)
   const aggregates = new Aggregates(store, clock, store.backend === 'postgres' ? locks : null)
   const built = await aggregates.start(transactions, store.collection('meta'))
