@@ -1,16 +1,11 @@
-import { readFileSync } from 'node:fs'
-import { join } from 'node:path'
 import t from 'tap'
 import pg from 'pg'
-import { createPublicClient, createWalletClient, http, type Address } from 'viem'
+import type { Address } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { startAnvil } from '../helpers/anvil.js'
-import { testDir } from '../helpers/gateway.js'
+import { gasFundedKey, replicaChain, spawnReplicas } from '../helpers/replica-chain.js'
 import { startV2Merchant } from '../helpers/merchants.js'
-import { testDatabase } from '../helpers/postgres.js'
-import { call, runCli, spawnGateway, type GatewayProcess } from '../helpers/process.js'
+import { call, type GatewayProcess } from '../helpers/process.js'
 
 // Two gateways and a chain on a 2-core machine shared with other tests.
 t.setTimeout(600_000)
@@ -26,43 +21,19 @@ const PRICE = 1000n
  * overspent through A on A's older chain reading.
  */
 t.test("each replica's funds check counts the other's payments", async (t) => {
-  const anvil = await startAnvil(CHAIN_ID)
-  t.teardown(() => anvil.stop())
-  const signerKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(signerKey).address, '0x56bc75e2d63100000'])
-  const chain = { PAYGATE_CHAIN_RPC_URL: anvil.url, PAYGATE_CHAIN_CHAIN_ID: String(CHAIN_ID), PAYGATE_CHAIN_SIGNER_KEY: signerKey }
-  const dep = await runCli({ PAYGATE_DATA_DIR: testDir(t), ...chain }, ['deploy-ledger', '--with-token'], 90_000)
-  t.equal(dep.code, 0, dep.stderr)
-  const addrs = JSON.parse(dep.stdout) as { token: Address; ledger: string }
   // The bank is minted before the replicas start (the signer's later nonces are theirs).
-  const evm = viemChain(CHAIN_ID, 'ext', anvil.url)
-  const pub = createPublicClient({ chain: evm, transport: http(anvil.url) })
-  const bankKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(bankKey).address, '0x56bc75e2d63100000'])
-  const owner = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(signerKey) })
-  await pub.waitForTransactionReceipt({
-    hash: await owner.writeContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'mint', args: [privateKeyToAccount(bankKey).address, 1_000_000n] }),
-  })
-  const bank = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(bankKey) })
-
-  const url = await testDatabase()
-  const env = { ...chain, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_STORE_POSTGRES_URL: url, PAYGATE_MASTER_KEY: MASTER_KEY }
-  const dirs = [testDir(t), testDir(t)]
-  const replicas: GatewayProcess[] = []
-  for (const d of dirs) replicas.push(await spawnGateway({ PAYGATE_DATA_DIR: d, ...env }, [], [], true, 90_000))
-  t.teardown(() => Promise.all(replicas.map((g) => g.stop('SIGKILL'))))
+  const { anvil, addrs, pub, url, env: shared, fund } = await replicaChain(t, CHAIN_ID, 1_000_000n)
+  const { replicas, acct } = await spawnReplicas(t, { ...shared, PAYGATE_MASTER_KEY: MASTER_KEY }, 2, false)
   const [a, b] = replicas as [GatewayProcess, GatewayProcess]
-  const acct = readFileSync(join(dirs[0]!, 'account-key'), 'utf8').trim()
 
-  const facilitatorKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+  const facilitatorKey = await gasFundedKey(anvil)
   const payTo = privateKeyToAccount(generatePrivateKey()).address
   const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token }, facilitatorKey, payTo, price: PRICE })
   t.teardown(() => m.close())
   t.equal((await call(a.url, 'POST', '/v1/agents', acct, { agentId: 'w' })).status, 201)
   const wallet = (await call(a.url, 'POST', '/v1/wallets', acct, { agentId: 'w' })).body.address as Address
   // Funds for five payments.
-  await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'transfer', args: [wallet, 5n * PRICE] }) })
+  await fund(wallet, 5n * PRICE)
   const pay = (g: GatewayProcess) => call(g.url, 'POST', '/v1/pay', acct, { agentId: 'w', endpoint: `${m.url}/paid` })
 
   t.equal((await pay(a)).status, 200, 'one through A (A reads the chain: five payments of funds)')

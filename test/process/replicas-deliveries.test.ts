@@ -1,13 +1,9 @@
-import { readFileSync } from 'node:fs'
-import { join } from 'node:path'
 import t from 'tap'
 import pg from 'pg'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { startAnvil } from '../helpers/anvil.js'
-import { testDir } from '../helpers/gateway.js'
+import { replicaChain, spawnReplicas } from '../helpers/replica-chain.js'
 import { startV2Merchant } from '../helpers/merchants.js'
-import { testDatabase } from '../helpers/postgres.js'
-import { call, runCli, spawnGateway, type GatewayProcess } from '../helpers/process.js'
+import { call, type GatewayProcess } from '../helpers/process.js'
 import { startReceiver } from '../helpers/receiver.js'
 
 // Three gateways, a chain and a 60 s retry on a 2-core machine shared with other tests.
@@ -23,27 +19,15 @@ const MASTER_KEY = 'ab'.repeat(32)
  * once, not once per replica.
  */
 t.test('alert deliveries across three replicas: owned, adopted once after a SIGKILL, never sent per replica', async (t) => {
-  const anvil = await startAnvil(CHAIN_ID)
-  t.teardown(() => anvil.stop())
-  const signerKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(signerKey).address, '0x56bc75e2d63100000'])
-  const chain = { PAYGATE_CHAIN_RPC_URL: anvil.url, PAYGATE_CHAIN_CHAIN_ID: String(CHAIN_ID), PAYGATE_CHAIN_SIGNER_KEY: signerKey }
-  const dep = await runCli({ PAYGATE_DATA_DIR: testDir(t), ...chain }, ['deploy-ledger', '--with-token'], 90_000)
-  t.equal(dep.code, 0, dep.stderr)
-  const addrs = JSON.parse(dep.stdout) as { token: `0x${string}`; ledger: string }
-  const url = await testDatabase()
+  const { anvil, addrs, url, env: shared } = await replicaChain(t, CHAIN_ID)
   const env = {
-    ...chain,
-    ...{ PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_STORE_POSTGRES_URL: url, PAYGATE_MASTER_KEY: MASTER_KEY },
+    ...shared,
+    PAYGATE_MASTER_KEY: MASTER_KEY,
     // An attempt that hangs fails after 3 s (and fences an adopter for that long).
     PAYGATE_NOTIFY_TIMEOUT_MS: '3000',
   }
-  const dirs = [testDir(t), testDir(t), testDir(t)]
-  const replicas: GatewayProcess[] = []
-  for (const d of dirs) replicas.push(await spawnGateway({ PAYGATE_DATA_DIR: d, ...env }, [], [], true, 90_000))
-  t.teardown(() => Promise.all(replicas.map((g) => g.stop('SIGKILL'))))
+  const { replicas, acct } = await spawnReplicas(t, env, 3, false)
   const [a, b, c] = replicas as [GatewayProcess, GatewayProcess, GatewayProcess]
-  const acct = readFileSync(join(dirs[0]!, 'account-key'), 'utf8').trim()
   const db = new pg.Client({ connectionString: url })
   await db.connect()
   t.teardown(() => db.end())

@@ -1,15 +1,9 @@
-import { existsSync, readFileSync } from 'node:fs'
-import { join } from 'node:path'
 import t from 'tap'
-import { createPublicClient, createWalletClient, http, type Address } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { viemChain } from '../../src/chain/chain.js'
-import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
-import { startAnvil } from '../helpers/anvil.js'
+import { gasFundedKey, replicaChain, spawnReplicas } from '../helpers/replica-chain.js'
 import { testDir } from '../helpers/gateway.js'
 import { type Merchant, startV2Merchant } from '../helpers/merchants.js'
-import { testDatabase } from '../helpers/postgres.js'
-import { call, type GatewayProcess, runCli, spawnGateway } from '../helpers/process.js'
+import { call, type GatewayProcess, spawnGateway } from '../helpers/process.js'
 
 // Gateways, a PostgreSQL cluster and a chain on a 2-core machine shared with other tests.
 t.setTimeout(600_000)
@@ -25,39 +19,16 @@ const MASTER_KEY = 'ef'.repeat(32)
  * after it, which adds its own payments to the same totals.
  */
 t.test('every replica answers the metrics totals over the payments made through all replicas', async (t) => {
-  const anvil = await startAnvil(CHAIN_ID)
-  t.teardown(() => anvil.stop())
-  const signerKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(signerKey).address, '0x56bc75e2d63100000'])
-  const chain = { PAYGATE_CHAIN_RPC_URL: anvil.url, PAYGATE_CHAIN_CHAIN_ID: String(CHAIN_ID), PAYGATE_CHAIN_SIGNER_KEY: signerKey }
-  const dep = await runCli({ PAYGATE_DATA_DIR: testDir(t), ...chain }, ['deploy-ledger', '--with-token'], 90_000)
-  t.equal(dep.code, 0, dep.stderr)
-  const addrs = JSON.parse(dep.stdout) as { token: Address; ledger: Address }
-
   // A bank minted before the replicas start (the ledger signer's later nonces are theirs) funds the agents.
-  const evm = viemChain(CHAIN_ID, 'ext', anvil.url)
-  const pub = createPublicClient({ chain: evm, transport: http(anvil.url) })
-  const bankKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(bankKey).address, '0x56bc75e2d63100000'])
-  const owner = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(signerKey) })
-  await pub.waitForTransactionReceipt({
-    hash: await owner.writeContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'mint', args: [privateKeyToAccount(bankKey).address, 100_000_000n] }),
-  })
-  const bank = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(bankKey) })
-
-  const url = await testDatabase()
-  const env = { ...chain, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_STORE_POSTGRES_URL: url, PAYGATE_MASTER_KEY: MASTER_KEY }
+  const { anvil, addrs, env: shared, fund } = await replicaChain(t, CHAIN_ID, 100_000_000n)
+  const env = { ...shared, PAYGATE_MASTER_KEY: MASTER_KEY }
   const start = (dir: string) => spawnGateway({ PAYGATE_DATA_DIR: dir, ...env }, [], [], true, 90_000)
-  const dirs = [testDir(t), testDir(t)]
-  const replicas = await Promise.all(dirs.map(start))
-  t.teardown(() => Promise.all(replicas.map((g) => g.stop('SIGKILL'))))
+  const { replicas, acct } = await spawnReplicas(t, env, 2, true)
   const [a, b] = replicas as [GatewayProcess, GatewayProcess]
-  const acct = readFileSync(join(dirs.find((d) => existsSync(join(d, 'account-key')))!, 'account-key'), 'utf8').trim()
 
   // Two merchants at different prices, each its own payee.
   const merchant = async (price: bigint): Promise<Merchant> => {
-    const facilitatorKey = generatePrivateKey()
-    await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+    const facilitatorKey = await gasFundedKey(anvil)
     const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token }, facilitatorKey, payTo: privateKeyToAccount(generatePrivateKey()).address, price })
     t.teardown(() => m.close())
     return m
@@ -70,7 +41,7 @@ t.test('every replica answers the metrics totals over the payments made through 
     t.equal((await call(replicas[i % 2]!.url, 'POST', '/v1/agents', acct, { agentId })).status, 201)
     const w = await call(replicas[(i + 1) % 2]!.url, 'POST', '/v1/wallets', acct, { agentId })
     t.equal(w.status, 201, w.text)
-    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.body.address, 1_000_000n] }) })
+    await fund(w.body.address, 1_000_000n)
   }
   t.equal((await call(a.url, 'PUT', '/v1/policies/m3', acct, { perCallLimit: { usdc: 0.001 } })).status, 200)
 

@@ -1,18 +1,16 @@
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync } from 'node:fs'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import t, { type Test } from 'tap'
 import pg from 'pg'
-import { createPublicClient, createWalletClient, http, type Address, type Hex } from 'viem'
+import { createWalletClient, http, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import { viemChain } from '../../src/chain/chain.js'
 import { paygateUsdcAbi } from '../../src/chain/contracts/abis.js'
 import { SCHEMA_VERSION } from '../../src/store/postgres-schema.js'
-import { startAnvil } from '../helpers/anvil.js'
+import { gasFundedKey, replicaChain, spawnReplicas } from '../helpers/replica-chain.js'
 import { testDir } from '../helpers/gateway.js'
 import { startV2Merchant } from '../helpers/merchants.js'
-import { testDatabase } from '../helpers/postgres.js'
 import { call, runCli, spawnGateway } from '../helpers/process.js'
 
 // Three gateways, a chain and 300 payments on a 2-core machine shared with other tests: well past the default 240 s when busy.
@@ -26,43 +24,21 @@ const MASTER_KEY = 'cd'.repeat(32)
  * `deploy-ledger --with-token`): they start together, set up once, and serve the same state.
  */
 t.test('three gateway processes on one PostgreSQL database and one external chain', async (t) => {
-  const anvil = await startAnvil(CHAIN_ID)
-  t.teardown(() => anvil.stop())
-  const signerKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(signerKey).address, '0x56bc75e2d63100000'])
-  const chain = { PAYGATE_CHAIN_RPC_URL: anvil.url, PAYGATE_CHAIN_CHAIN_ID: String(CHAIN_ID), PAYGATE_CHAIN_SIGNER_KEY: signerKey }
-  const dep = await runCli({ PAYGATE_DATA_DIR: testDir(t), ...chain }, ['deploy-ledger', '--with-token'], 90_000)
-  t.equal(dep.code, 0, dep.stderr)
-  const addrs = JSON.parse(dep.stdout) as { token: string; ledger: string }
-
   // Agents are funded by a bank minted before the replicas start: the ledger signer's later
   // nonces are the replicas' (a mint by it meanwhile would take one of theirs).
-  const evm = viemChain(CHAIN_ID, 'ext', anvil.url)
-  const pub = createPublicClient({ chain: evm, transport: http(anvil.url) })
-  const bankKey = generatePrivateKey()
-  await anvil.request('anvil_setBalance', [privateKeyToAccount(bankKey).address, '0x56bc75e2d63100000'])
-  const owner = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(signerKey) })
-  const bankMint = await owner.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'mint', args: [privateKeyToAccount(bankKey).address, 100_000_000n] })
-  await pub.waitForTransactionReceipt({ hash: bankMint })
-  const bank = createWalletClient({ chain: evm, transport: http(anvil.url), account: privateKeyToAccount(bankKey) })
-
-  const url = await testDatabase()
-  const shared = { ...chain, PAYGATE_CHAIN_TOKEN: addrs.token, PAYGATE_CHAIN_LEDGER: addrs.ledger, PAYGATE_STORE_POSTGRES_URL: url }
+  const { anvil, addrs, evm, pub, url, env: shared, fund } = await replicaChain(t, CHAIN_ID, 100_000_000n)
 
   const noKey = await runCli({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_API_PORT: '0', ...shared }, [], 90_000)
   t.equal(noKey.code, 2, 'a start without the master key is refused')
   t.match(noKey.stderr, /with store\.postgresUrl .* set masterKey \(PAYGATE_MASTER_KEY\), the same on every replica/)
   t.notOk(noKey.stderr.includes(url), 'the database URL is not shown')
 
-  const dirs = [testDir(t), testDir(t), testDir(t)]
   // Started together: the first account key, the master key check and the signer are set up
   // once. The others wait for the first's setup (and the machine may be busy): 90 s each.
-  const replicas = await Promise.all(dirs.map((d) => spawnGateway({ PAYGATE_DATA_DIR: d, PAYGATE_MASTER_KEY: MASTER_KEY, ...shared }, [], [], true, 90_000)))
-  t.teardown(() => Promise.all(replicas.map((g) => g.stop('SIGKILL'))))
+  const { replicas, dirs, acct } = await spawnReplicas(t, { PAYGATE_MASTER_KEY: MASTER_KEY, ...shared }, 3, true)
   const [a, b, c] = replicas
   const keyFiles = dirs.filter((d) => existsSync(join(d, 'account-key')))
   t.equal(keyFiles.length, 1, 'one replica created the first account key; the others found it')
-  const acct = readFileSync(join(keyFiles[0]!, 'account-key'), 'utf8').trim()
   for (const g of replicas) {
     t.same((await call(g.url, 'GET', '/readyz', null)).body.checks, { store: true, chain: true })
     t.ok(
@@ -100,14 +76,13 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
    * chain; every other call is refused for `reason`.
    */
   async function concurrentPayments(t: Test, agentId: string, policy: Record<string, unknown>, reason: string, allowed: number) {
-    const facilitatorKey = generatePrivateKey()
-    await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+    const facilitatorKey = await gasFundedKey(anvil)
     const payTo = privateKeyToAccount(generatePrivateKey()).address
-    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token as Address }, facilitatorKey, payTo, price: PRICE })
+    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token }, facilitatorKey, payTo, price: PRICE })
     t.teardown(() => m.close())
     t.equal((await call(a!.url, 'POST', '/v1/agents', acct, { agentId })).status, 201)
     const w = (await call(b!.url, 'POST', '/v1/wallets', acct, { agentId })).body
-    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.address, 1_000_000n] }) })
+    await fund(w.address, 1_000_000n)
     t.equal((await call(a!.url, 'PUT', `/v1/policies/${agentId}`, acct, policy)).status, 200, 'policy set through A')
 
     const results = await Promise.all(Array.from({ length: CALLS }, (_, i) => call(replicas[i % replicas.length]!.url, 'POST', '/v1/pay', acct, { agentId, endpoint: `${m.url}/paid` })))
@@ -116,7 +91,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     t.equal(results.filter(refused).length, CALLS - allowed, `the other ${CALLS - allowed} refused: ${reason}`)
     t.same([...new Set(results.filter((r) => r.status !== 200 && !refused(r)).map((r) => r.text))], [], 'no other outcome')
     t.equal(m.stats.settleCalls, allowed, `the merchant settled ${allowed}`)
-    const received = await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
+    const received = await pub.readContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
     t.equal(received, BigInt(allowed) * PRICE, `exactly ${allowed} payments on chain`)
     await ledgerConfirmed(t, agentId, allowed)
     return (await call(b!.url, 'GET', `/v1/policies/${agentId}`, acct)).body
@@ -185,7 +160,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
   async function fundedAgent(agentId: string, policy?: Record<string, unknown>): Promise<string> {
     const key = (await call(a!.url, 'POST', '/v1/agents', acct, { agentId })).body.apiKey as string
     const w = (await call(b!.url, 'POST', '/v1/wallets', acct, { agentId })).body
-    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.address, 1_000_000n] }) })
+    await fund(w.address, 1_000_000n)
     if (policy) await call(a!.url, 'PUT', `/v1/policies/${agentId}`, acct, policy)
     return key
   }
@@ -197,10 +172,9 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
   }
 
   t.test(`${CALLS} concurrent payments across three replicas under an invocation cap that allows exactly 10`, async (t) => {
-    const facilitatorKey = generatePrivateKey()
-    await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+    const facilitatorKey = await gasFundedKey(anvil)
     const payTo = privateKeyToAccount(generatePrivateKey()).address
-    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token as Address }, facilitatorKey, payTo, price: PRICE })
+    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token }, facilitatorKey, payTo, price: PRICE })
     t.teardown(() => m.close())
     const orchKey = await fundedAgent('orch', { dailyBudget: { usdc: 1 } })
     const subKey = await fundedAgent('isub')
@@ -225,7 +199,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     t.equal(r.body.paymentChain.length, 10, 'ten payments in its chain')
     t.equal(new Set(r.body.paymentChain).size, 10, 'each once')
     t.equal(m.stats.settleCalls, 10, 'the merchant settled 10')
-    t.equal(await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] }), 10n * PRICE, 'exactly 10 payments on chain')
+    t.equal(await pub.readContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] }), 10n * PRICE, 'exactly 10 payments on chain')
     await ledgerConfirmed(t, 'isub', 10)
     const tree = await call(c!.url, 'GET', `/v1/transactions/${r.body.txHash}/tree`, acct)
     t.same([tree.body.totalCost, tree.body.txCount], [{ usdc: 0.01 }, 10], 'the tree, read through another replica')
@@ -273,19 +247,18 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
   })
 
   t.test('50 concurrent calls with one idempotency key across the replicas pay once', async (t) => {
-    const facilitatorKey = generatePrivateKey()
-    await anvil.request('anvil_setBalance', [privateKeyToAccount(facilitatorKey).address, '0x56bc75e2d63100000'])
+    const facilitatorKey = await gasFundedKey(anvil)
     const payTo = privateKeyToAccount(generatePrivateKey()).address
-    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token as Address }, facilitatorKey, payTo, price: PRICE })
+    const m = await startV2Merchant({ chain: { rpcUrl: anvil.url, chainId: CHAIN_ID, token: addrs.token }, facilitatorKey, payTo, price: PRICE })
     t.teardown(() => m.close())
     const w = (await call(a!.url, 'POST', '/v1/wallets', acct, { agentId: 'idem' })).body
-    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.address, 1_000_000n] }) })
+    await fund(w.address, 1_000_000n)
     const body = { agentId: 'idem', endpoint: `${m.url}/paid`, idempotencyKey: 'once-across-replicas' }
     const results = await Promise.all(Array.from({ length: 50 }, (_, i) => call(replicas[i % replicas.length]!.url, 'POST', '/v1/pay', acct, body)))
     t.same([...new Set(results.map((r) => r.status))], [200], 'every call answered 200')
     t.equal(new Set(results.map((r) => r.body.txHash)).size, 1, 'with one transaction')
     t.equal(m.stats.settleCalls, 1, 'settled once')
-    const received = await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
+    const received = await pub.readContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] })
     t.equal(received, PRICE, 'paid once on chain')
     await ledgerConfirmed(t, 'idem', 1)
   })
@@ -307,7 +280,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
       }
       const p = JSON.parse(Buffer.from(String(xp), 'base64').toString()).payload
       const hash = await wc.writeContract({
-        address: addrs.token as Address,
+        address: addrs.token,
         abi: paygateUsdcAbi,
         functionName: 'transferWithAuthorization',
         args: [p.from, p.to, BigInt(p.amount), BigInt(p.validAfter), BigInt(p.validBefore), p.nonce, req.headers['x-payment-signature'] as Hex],
@@ -321,7 +294,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     })
     const w = (await call(a!.url, 'POST', '/v1/wallets', acct, { agentId: 'cut' })).body
     t.equal((await call(a!.url, 'PUT', '/v1/policies/cut', acct, { dailyBudget: { usdc: 1 } })).status, 200)
-    await pub.waitForTransactionReceipt({ hash: await bank.writeContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'transfer', args: [w.address, 1_000_000n] }) })
+    await fund(w.address, 1_000_000n)
     const doomed = await spawnGateway({ PAYGATE_DATA_DIR: testDir(t), PAYGATE_MASTER_KEY: MASTER_KEY, PAYGATE_PAY_TIMEOUT_MS: '60000', ...shared }, [], [], true, 90_000)
     t.teardown(() => doomed.stop('SIGKILL'))
     const cut = call(doomed.url, 'POST', '/v1/pay', acct, { agentId: 'cut', endpoint: `http://127.0.0.1:${(srv.address() as AddressInfo).port}/report` }).catch(() => null)
@@ -348,7 +321,7 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
       'then a surviving replica settles it as the chain says: paid, once',
     )
     t.equal(settlements, 1, 'never paid a second time')
-    t.equal(await pub.readContract({ address: addrs.token as Address, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] }), 50_000n, 'the target received it once')
+    t.equal(await pub.readContract({ address: addrs.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [payTo] }), 50_000n, 'the target received it once')
     t.equal((await call(c!.url, 'GET', '/v1/policies/cut', acct)).body.dailyBudget.usedToday, 0.05, 'counted once in the usage')
   })
 
