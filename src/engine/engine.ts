@@ -95,11 +95,9 @@ export class PaymentEngine {
   constructor(private readonly d: EngineDeps) {
     this.locks = d.locks ?? new CrossLocks(d.store, d.clock)
     this.aheadSigner = new AheadSigner({ policies: d.policies, wallets: d.wallets, clock: d.clock, busy: () => this.leases.size > 0 })
-    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, {
-      onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed'),
-      // Replicas: every replica's committed spend, from the store (balances.ts).
-      ...(d.store.backend === 'postgres' ? { shared: new WalletSpend(d.store) } : {}),
-    })
+    // Replicas: every replica's committed spend, from the store (balances.ts).
+    const shared = d.store.backend === 'postgres' ? { shared: new WalletSpend(d.store) } : {}
+    this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed'), ...shared })
     this.recorder = new Recorder({ store: d.store, policies: d.policies, transactions: d.transactions, outbox: d.outbox, events: d.events, hooks: d.hooks, clock: d.clock, balances: this.balances })
     this.reserveDeps = {
       policies: d.policies,
