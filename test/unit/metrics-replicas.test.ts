@@ -1,6 +1,5 @@
 import t, { type Test } from 'tap'
-import { RecordHooks } from '../../src/ledger/record-hooks.js'
-import { newTxId, Transactions, type TxRecord } from '../../src/ledger/transactions.js'
+import { Transactions, type TxRecord } from '../../src/ledger/transactions.js'
 import { AGGREGATES_META_KEY, AGGREGATES_VERSION, Aggregates, SHARED_META_KEY, type SharedOptions } from '../../src/metrics/aggregates.js'
 import { Folder, foldReplica, mergeStored } from '../../src/metrics/fold.js'
 import { ACCOUNT_METRICS, AGENT_METRICS, accountMetrics, render, sumAgent } from '../../src/metrics/query.js'
@@ -10,6 +9,7 @@ import { DAY_MS, HOUR_MS, MINUTE_MS, resolveWindow, type WindowQuery } from '../
 import { Store } from '../../src/store/index.js'
 import { ManualClock } from '../../src/util/clock.js'
 import { STORE_BACKENDS, type StoreBackend, testStore } from '../helpers/gateway.js'
+import { writer } from '../helpers/metrics-writer.js'
 
 /**
  * The aggregates on a store shared by replicas: each replica writes rows of its own and every
@@ -66,37 +66,13 @@ function traffic(seed: number, count: number, now: number, sessions = true): Act
 }
 
 /** Writes actions as the engine does: the record and the contributor's operations in one batch. */
-function writer(store: Store, aggregates: Aggregates) {
-  const transactions = new Transactions(store)
-  const hooks = new RecordHooks()
-  hooks.add(aggregates.contributor)
-  hooks.addPreparer(aggregates.prepare)
-  const record = (agentId: string, at: number, amount: bigint, more: Partial<TxRecord>): TxRecord => ({
-    id: newTxId(at),
-    agentId,
-    status: 'pending',
-    createdAt: at,
-    updatedAt: at,
-    endpoint: 'https://api.example/v1/data',
-    method: 'GET',
-    protocol: 'x402',
-    amount: amount.toString(),
-    txHash: null,
-    parentTxHash: null,
-    depth: 0,
-    ...more,
-  })
+/** One action written through the shared metrics writer. */
+function actionWriter(store: Store, aggregates: Aggregates) {
+  const w = writer(store, aggregates)
   return async (a: Action): Promise<void> => {
-    if (a.kind === 'session') return store.batch([...hooks.ops({ kind: 'session', agentId: a.agentId, at: a.at, endpoint: 'https://mpp.example/s' })])
-    if (a.kind === 'reject') {
-      const r = { ...record(a.agentId, a.at, 5n, {}), status: 'rejected' as const, reason: a.reason }
-      return store.batch([...transactions.ops(r), ...hooks.ops({ kind: 'rejected', record: r })])
-    }
-    const pending = record(a.agentId, a.at, a.amount, a.more)
-    await store.batch([...transactions.ops(pending), ...hooks.ops({ kind: 'reserved', record: pending })])
-    await hooks.prepare(pending)
-    const paid: TxRecord = { ...pending, status: 'paid', updatedAt: a.paidAt }
-    await store.batch([...transactions.ops(paid, pending), ...hooks.ops({ kind: 'paid', record: paid, prev: pending })])
+    if (a.kind === 'session') return w.session(a.agentId, a.at)
+    if (a.kind === 'reject') return w.reject(a.agentId, a.at, a.reason)
+    return w.pay(a.agentId, a.at, a.amount, a.more, a.paidAt)
   }
 }
 
@@ -131,12 +107,12 @@ async function setup(t: Test, backend: StoreBackend) {
   const replica = async (s: Store, id: string) => {
     const agg = new Aggregates(s, clock, liveness(id, dead))
     await agg.start(new Transactions(s), s.collection('meta'))
-    return { agg, write: writer(s, agg), store: s }
+    return { agg, write: actionWriter(s, agg), store: s }
   }
   const { store: refStore } = await testStore(t)
   const ref = new Aggregates(refStore, clock)
   await ref.start(new Transactions(refStore), refStore.collection('meta'))
-  return { store, other, clock, dead, replica, ref, refWrite: writer(refStore, ref) }
+  return { store, other, clock, dead, replica, ref, refWrite: actionWriter(refStore, ref) }
 }
 
 const count = async (it: AsyncIterable<unknown>): Promise<number> => {
@@ -224,7 +200,7 @@ t.test('postgres: a shared store without counted base rows builds them from the 
   // Written the old way (no shared mode): the stored buckets are one process's view.
   const old = new Aggregates(s.store, s.clock)
   await old.start(new Transactions(s.store), s.store.collection('meta'))
-  const oldWrite = writer(s.store, old)
+  const oldWrite = actionWriter(s.store, old)
   for (const act of traffic(9, 80, T0, false)) {
     await oldWrite(act)
     await s.refWrite(act)
