@@ -4,7 +4,7 @@
  * rebuilt from the journal alone (as after a SIGKILL) holding the same blocks.
  */
 import t, { type Test } from 'tap'
-import { copyFileSync, mkdirSync, readdirSync } from 'node:fs'
+import { copyFileSync, cpSync, mkdirSync, readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
@@ -89,4 +89,50 @@ t.test('a transaction waiting behind a nonce gap survives a replay and the snaps
   const receipt = (await reopened.request({ method: 'eth_getTransactionReceipt', params: [waiting] })) as { status: Hex } | null
   t.equal(receipt?.status, '0x1', 'the waiting transaction is mined once the gap is filled')
   t.equal(await balance(reopened, 4), 5n)
+})
+
+t.test('sends go on while anvil dumps a snapshot; a restart from that snapshot has them, in the same blocks', async (t) => {
+  const { dir, copy } = dirs(t)
+  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 3 })
+  const recipient = (nonce: number): Hex => `0x${'cc'.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
+  const tx = (nonce: number): Promise<Hex> =>
+    from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const mined = (c: Devnet, hashes: string[]): Promise<{ status: Hex; blockHash: Hex }[]> =>
+    Promise.all(hashes.map((h) => c.request({ method: 'eth_getTransactionReceipt', params: [h] }))) as Promise<{ status: Hex; blockHash: Hex }[]>
+  const hashesOf = (rs: Awaited<ReturnType<Devnet['sendRawTransactions']>>): string[] => rs.map((r) => ('hash' in r ? r.hash : 'refused'))
+
+  const chain = await open(dir)
+  // kept blocks with txs in them make the dump take a while
+  const before = hashesOf(await chain.sendRawTransactions(await Promise.all(Array.from({ length: 300 }, (_, i) => tx(i)))))
+  await mined(chain, before)
+  const during = await Promise.all(Array.from({ length: 20 }, (_, i) => tx(300 + i)))
+
+  const snapshot = chain.snapshot()
+  while (!chain.stats().dumping) await new Promise((r) => setImmediate(r))
+  // called while the dump runs: answered beside it, not queued behind it
+  const sent = hashesOf(await chain.sendRawTransactions(during))
+  await snapshot
+  t.equal(chain.stats().sentBesideDumps, 1, 'the send went beside the dump')
+  t.notOk(sent.includes('refused'), 'every send answered with its hash')
+  const receipts = await mined(chain, sent)
+  t.ok(
+    receipts.every((r) => r?.status === '0x1'),
+    'the sends made during the dump are mined',
+  )
+
+  // What a SIGKILL leaves after that snapshot: the chain's identity, the snapshot, the journal after it.
+  const gen = chain.stats().generation
+  mkdirSync(copy, { recursive: true })
+  for (const f of ['chain.json', `journal-${gen}.ndjson`]) copyFileSync(join(dir, f), join(copy, f))
+  cpSync(join(dir, `snap-${gen}`), join(copy, `snap-${gen}`), { recursive: true })
+  await chain.close()
+  const restarted = await open(copy)
+  t.teardown(() => restarted.close())
+  t.equal(restarted.stats().generation, gen, 'started from the snapshot taken during the sends')
+  t.same(
+    (await mined(restarted, sent)).map((r) => r?.blockHash),
+    receipts.map((r) => r.blockHash),
+    'the same txs in the same blocks',
+  )
+  t.equal(BigInt((await restarted.request({ method: 'eth_getBalance', params: [recipient(319), 'latest'] })) as Hex), 320n)
 })

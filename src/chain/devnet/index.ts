@@ -19,7 +19,7 @@ export { DEVNET_MNEMONIC, type Devnet, type DevnetOptions, type DevnetStats, Dev
 export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   const log = opts.log ?? ((): void => {})
   const ipcTimeoutMs = opts.ipcTimeoutMs ?? 30_000
-  const keepBlocks = Math.max(2, opts.keepBlocks ?? 8)
+  const keepBlocks = Math.max(2, opts.keepBlocks ?? 2)
   const dir = path.resolve(opts.dataDir)
   const { meta, unlock } = openDataDir(dir, opts.chainId, log)
   const pidFile = path.join(dir, 'anvil.pid')
@@ -38,12 +38,12 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
     throw e
   }
 
-  const node = new AnvilNode(child.ipc, log)
+  const node = new AnvilNode(child.ipc, log, child.ipcPath, ipcTimeoutMs)
   const archive = new ReceiptArchive(path.join(dir, 'receipts'), keepBlocks)
   let miner: Miner | undefined
   try {
     const restored = await restore(node, archive, dir, gens, log)
-    const journal = new Journal({ dir, restartBudgetMs: opts.restartBudgetMs ?? 3500, dumpTimeoutMs: 4 * ipcTimeoutMs, log, anvilCpuMs: () => processCpuMs(child.anvilPid) }, restored.journal)
+    const journal = new Journal({ dir, restartBudgetMs: opts.restartBudgetMs ?? 2000, dumpTimeoutMs: 4 * ipcTimeoutMs, log, anvilCpuMs: () => processCpuMs(child.anvilPid) }, restored.journal)
     const blockTimeMs = opts.blockTimeMs ?? 250
     miner = new Miner(node, journal, archive, { blockTimeMs, idleSnapshotMs: opts.idleSnapshotMs ?? 2000, freshBlockMs: opts.freshBlockMs ?? 2000, log })
     miner.start()
@@ -118,7 +118,13 @@ function handleOf(parts: Parts, front: RpcFront, rpcUrl: string, chainId: number
       snapshotMs: [...journal.snapshotMs],
       snapshots: journal.snapshots,
       snapshotCpuMs: [...journal.snapshotCpuMs],
+      sentBesideDumps: node.sentBesideDumps,
+      dumping: node.dumping,
     }),
+    snapshot: async () => {
+      await node.serial(() => miner.snapshot())
+      await journal.written()
+    },
     close: () => (closing ??= close(parts)),
   }
 }
@@ -140,6 +146,7 @@ async function close({ node, journal, miner, archive, child, server, log, pidFil
   await new Promise<void>((r) => server.close(() => r()))
   journal.close()
   archive.close()
+  node.closeDumpIpc()
   await stopAnvil(child)
   fs.rmSync(pidFile, { force: true })
   unlock()

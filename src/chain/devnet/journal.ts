@@ -48,7 +48,7 @@ export class Journal {
   /** desired chain-time offset (s) relative to the wall clock */
   offset: number
   tail: Tail
-  /** how long each of the last 50 snapshots held the chain */
+  /** how long each of the last 50 snapshots held blocks back (the dump; sends go on beside it) */
   readonly snapshotMs: number[] = []
   /** snapshots taken since the start */
   snapshots = 0
@@ -111,12 +111,15 @@ export class Journal {
    * Dumps anvil's state and starts the next generation; its files are written in the background.
    * Run on the serial queue. The dump holds no mempool: the txs acknowledged and not yet mined
    * start the next journal, in the order they were sent, and a replay sends them again before
-   * what came after (mining them first held the chain for a whole block more).
+   * what came after (mining them first held the chain for a whole block more). Sends that come
+   * while anvil dumps go on beside it (`AnvilNode.send`): they are pending at the switch, so they
+   * start the next journal too. Only blocks (and setters) wait for the dump.
    */
   async snapshot(node: AnvilNode): Promise<void> {
     const t = performance.now()
     const cpu0 = this.opts.anvilCpuMs()
-    const state = (await node.raw('anvil_dumpState', [], this.opts.dumpTimeoutMs)) as string
+    // sends go on beside the dump (they fill the pool, which it does not hold); blocks wait
+    const state = await node.beside(() => node.dumpState(this.opts.dumpTimeoutMs))
     const next = this.gen + 1
     // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
     fs.writeFileSync(journalPath(this.opts.dir, next), [...node.pending.values()].map((l) => `${l}\n`).join(''))

@@ -1,4 +1,4 @@
-import type { IpcClient } from './ipc.js'
+import { IpcClient } from './ipc.js'
 import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
 type Block = { number: string; timestamp: string; transactions: string[] }
@@ -20,11 +20,29 @@ export class AnvilNode {
   closed = false
   private minedWaiters: Array<() => void> = []
   private tail: Promise<unknown> = Promise.resolve()
+  /** while anvil dumps its state: the queue of the sends let through beside the dump */
+  private side: Promise<unknown> | null = null
+  /** sends that went beside a dump instead of waiting for it */
+  sentBesideDumps = 0
+
+  /** a connection of its own for state dumps: anvil answers one connection's calls in turn */
+  private dumpIpc: Promise<IpcClient> | null = null
 
   constructor(
     readonly ipc: IpcClient,
     private readonly log: DevnetLog,
+    private readonly ipcPath?: string,
+    private readonly ipcTimeoutMs = 30_000,
   ) {}
+
+  /** anvil_dumpState, on a connection of its own, so sends on the main one are answered meanwhile. */
+  async dumpState(ms: number): Promise<string> {
+    if (!this.ipcPath) return (await this.raw('anvil_dumpState', [], ms)) as string
+    this.dumpIpc ??= IpcClient.connect(this.ipcPath, this.ipcTimeoutMs)
+    const r = await (await this.dumpIpc).call('anvil_dumpState', '[]', ms)
+    if (r.error) throw new Error(`anvil_dumpState: ${r.error.message}`)
+    return r.result as string
+  }
 
   /** A call whose error is thrown. */
   async raw(method: string, params: unknown[] = [], ms?: number): Promise<unknown> {
@@ -35,7 +53,49 @@ export class AnvilNode {
 
   /** Runs `fn` after everything queued before it: the one queue for what changes chain state. */
   serial<T>(fn: () => Promise<T>): Promise<T> {
-    const p = this.tail.then(fn, fn).catch((e: unknown) => {
+    const p = this.watch(this.tail.then(fn, fn))
+    this.tail = p.catch(() => {})
+    return p
+  }
+
+  /** Whether anvil is dumping its state (sends go beside it). */
+  get dumping(): boolean {
+    return this.side !== null
+  }
+
+  /**
+   * A send: under --no-mining it only fills anvil's pool, which a state dump does not hold, so
+   * while a dump runs it goes beside it instead of waiting (`beside`: it did); else on the
+   * serial queue. Sends beside a dump are serial among themselves, so the journal keeps the
+   * order anvil took them in.
+   */
+  send<T>(fn: (beside: boolean) => Promise<T>): Promise<T> {
+    if (!this.side) return this.serial(() => fn(false))
+    this.sentBesideDumps++
+    const run = (): Promise<T> => fn(true)
+    const p = this.watch(this.side.then(run, run))
+    this.side = p.catch(() => {})
+    return p
+  }
+
+  /**
+   * On the serial queue: runs `dump` with sends let through beside it (see `send`), and
+   * resolves once those sends are answered too, so what comes next on the queue (a block)
+   * comes after them, as in the journal.
+   */
+  async beside<T>(dump: () => Promise<T>): Promise<T> {
+    this.side = Promise.resolve()
+    try {
+      return await dump()
+    } finally {
+      const sends = this.side
+      this.side = null
+      await sends
+    }
+  }
+
+  private watch<T>(p: Promise<T>): Promise<T> {
+    return p.catch((e: unknown) => {
       // A state change anvil left unanswered may still run when anvil wakes, unjournalled: the
       // chain and its journal could differ from then on, so nothing more is sent to it.
       if (e instanceof DevnetUnavailableError && e.timedOut && !this.dead) {
@@ -44,8 +104,15 @@ export class AnvilNode {
       }
       throw e
     })
-    this.tail = p.catch(() => {})
-    return p
+  }
+
+  /** Closes the dump connection (the main one is the child's to close). */
+  closeDumpIpc(): void {
+    void this.dumpIpc?.then(
+      (c) => c.close(),
+      () => {},
+    )
+    this.dumpIpc = null
   }
 
   /** From now on every call fails with `e`. */

@@ -7,7 +7,7 @@ import type { RpcRequest, RpcResponse, SendResult } from './types.js'
 
 /**
  * The JSON-RPC front: reads go straight to anvil; every state change goes through the serial
- * queue and is journalled before it is answered. Dev methods that would take the chain from
+ * queue (sends go beside a state dump) and is journalled before it is answered. Dev methods that would take the chain from
  * under the journal (reset, dump/load, interval mining) are refused.
  */
 export class RpcFront {
@@ -39,7 +39,8 @@ export class RpcFront {
       return reply(id, await node.ipc.call(method, JSON.stringify(params)))
     }
     this.miner.noteWrite()
-    return node.serial(() => this.write(id, method, params))
+    if (SENDS.has(method)) return node.send((beside) => this.write(id, method, params, beside))
+    return node.serial(() => this.write(id, method, params, false))
   }
 
   /** A tx we are about to mine is waited for; one whose block anvil forgot comes from the archive. */
@@ -58,8 +59,8 @@ export class RpcFront {
     while (node.pending.has(h) && this.miner.automine && !node.closed && !node.dead && Date.now() < until) await node.nextBlock(until)
   }
 
-  /** A state change, on the serial queue. */
-  private async write(id: unknown, method: string, params: unknown[]): Promise<RpcResponse> {
+  /** A state change, on the serial queue (a send may go `beside` a state dump instead). */
+  private async write(id: unknown, method: string, params: unknown[], beside: boolean): Promise<RpcResponse> {
     const { node, journal } = this
     if (node.closed) return rpcError(id, -32000, 'embedded chain is closed')
     const t = performance.now()
@@ -80,7 +81,7 @@ export class RpcFront {
       }
     }
     journal.tail.costMs += performance.now() - t
-    await this.miner.snapshotIfLong()
+    if (!beside) await this.miner.snapshotIfLong()
     return reply(id, r)
   }
 
@@ -104,7 +105,7 @@ export class RpcFront {
     if (!raws.length) return Promise.resolve([])
     this.miner.noteWrite()
     const { node, journal } = this
-    return node.serial(async () => {
+    return node.send(async (beside) => {
       if (node.closed) throw new Error('embedded chain is closed')
       if (node.dead) throw node.dead
       const t = performance.now()
@@ -124,7 +125,7 @@ export class RpcFront {
         this.miner.schedule()
       }
       journal.tail.costMs += performance.now() - t
-      await this.miner.snapshotIfLong()
+      if (!beside) await this.miner.snapshotIfLong()
       return out
     })
   }
