@@ -4,6 +4,8 @@ import type { AnvilNode } from './node.js'
 import type { DevnetLog } from './types.js'
 
 const MIN_BLOCK_GAP_MS = 10
+/** Waiting txs that make a block now: a block costs anvil ~0.3 ms per tx, and sends wait while it mines. */
+const FULL_BLOCK_TXS = 256
 
 export interface MinerOptions {
   blockTimeMs: number
@@ -26,6 +28,8 @@ export class Miner {
   private lastMineAt = 0
   private lastBlockTxs = 0
   private mineTimer: NodeJS.Timeout | undefined
+  /** when the scheduled block is due (ms since the epoch) */
+  private mineDueAt = 0
   private idleTimer: NodeJS.Timeout | undefined
   private snapshotQueued = false
   private freshening: Promise<void> | null = null
@@ -94,32 +98,34 @@ export class Miner {
 
   // After a block of 0-2 txs (a caller waiting for each receipt, or an idle chain) the next tx
   // is mined after a short gap; after a bigger block (load) blocks come every blockTimeMs and
-  // hold all waiting txs: a block costs ~3 ms on a fresh chain but ~25-50 ms with 20k ledger
-  // records (anvil rebuilds the state root), so under load fewer, bigger blocks win.
+  // hold all waiting txs, unless FULL_BLOCK_TXS are waiting: anvil mines ~0.3 ms per tx, and
+  // every send waits while it mines, so a block of thousands would stall them for a second.
+  // A block's own cost is ~3 ms (the ledger keeps two slots), so smaller blocks cost little.
   schedule(): void {
     const node = this.node
-    if (this.mineTimer || !this.automine || node.closed || node.dead) return
+    if (!this.automine || node.closed || node.dead) return
     const { blockTimeMs } = this.opts
-    const gap = this.lastBlockTxs <= 2 ? Math.min(blockTimeMs, Math.max(MIN_BLOCK_GAP_MS, 2 * this.mineMs)) : blockTimeMs
-    this.mineTimer = setTimeout(
-      () => {
-        this.mineTimer = undefined
-        node
-          .serial(async () => {
-            if (node.closed || node.dead || !node.pending.size) return 0 // (a fresh block may have taken them)
-            const n = await this.mine()
-            if (this.journal.tail.costMs > this.journal.tailBudgetMs()) await this.snapshot()
-            return n
-          })
-          .then(
-            (n) => {
-              if (n > 0 && node.pending.size > 0) this.schedule()
-            },
-            (e: unknown) => this.opts.log('mining failed', { error: String(e) }, 'warn'),
-          )
-      },
-      Math.max(0, this.lastMineAt + gap - Date.now()),
-    )
+    const full = node.pending.size >= FULL_BLOCK_TXS
+    if (this.mineTimer && !(full && this.mineDueAt - Date.now() > MIN_BLOCK_GAP_MS)) return
+    clearTimeout(this.mineTimer)
+    const gap = full ? MIN_BLOCK_GAP_MS : this.lastBlockTxs <= 2 ? Math.min(blockTimeMs, Math.max(MIN_BLOCK_GAP_MS, 2 * this.mineMs)) : blockTimeMs
+    this.mineDueAt = Math.max(Date.now(), this.lastMineAt + gap)
+    this.mineTimer = setTimeout(() => {
+      this.mineTimer = undefined
+      node
+        .serial(async () => {
+          if (node.closed || node.dead || !node.pending.size) return 0 // (a fresh block may have taken them)
+          const n = await this.mine()
+          if (this.journal.tail.costMs > this.journal.tailBudgetMs()) await this.snapshot()
+          return n
+        })
+        .then(
+          (n) => {
+            if (n > 0 && node.pending.size > 0) this.schedule()
+          },
+          (e: unknown) => this.opts.log('mining failed', { error: String(e) }, 'warn'),
+        )
+    }, this.mineDueAt - Date.now())
   }
 
   private idleSnapshot(): void {
