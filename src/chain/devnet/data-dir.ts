@@ -123,17 +123,20 @@ function gunzipChunkSize(gz: Buffer): number {
 }
 
 /**
- * Writes snap-<g> from anvil's dump (hex of gzipped JSON), then removes older generations.
+ * Writes snap-<g> from anvil's dump (hex of gzipped JSON, or the JSON), then removes older generations.
  * Returns the size of state.json in MB.
  */
-export async function writeSnapshot(dir: string, g: number, state: string, sm: SnapshotMeta): Promise<number> {
+export async function writeSnapshot(dir: string, g: number, state: string | Buffer, sm: SnapshotMeta): Promise<number> {
   const tmp = path.join(dir, `snap-${g}.tmp`)
   fs.rmSync(tmp, { recursive: true, force: true })
   fs.mkdirSync(tmp)
   // One-shot gunzip and write run in the libuv threadpool; a stream pipeline costs main-thread
   // callbacks per chunk, which competes with the paid path under load.
-  const gz = Buffer.from(state.slice(2), 'hex')
-  const json = await gunzip(gz, { chunkSize: gunzipChunkSize(gz) })
+  let json: Buffer
+  if (typeof state === 'string') {
+    const gz = Buffer.from(state.slice(2), 'hex')
+    json = await gunzip(gz, { chunkSize: gunzipChunkSize(gz) })
+  } else json = state
   await fs.promises.writeFile(path.join(tmp, 'state.json'), json)
   fs.writeFileSync(path.join(tmp, 'meta.json'), JSON.stringify(sm))
   fs.renameSync(tmp, path.join(dir, `snap-${g}`)) // commit point

@@ -12,6 +12,7 @@ import { AnvilNode } from './node.js'
 import { type Restored, restore } from './replay.js'
 import { RpcFront } from './rpc.js'
 import { serveHttp } from './http.js'
+import { TRIM_EVERY_BLOCKS, TRIM_KEEP_HEADERS } from './trim.js'
 import { type Devnet, type DevnetLog, type DevnetOptions, DevnetUnavailableError } from './types.js'
 
 export { DEVNET_MNEMONIC, type Devnet, type DevnetOptions, type DevnetStats, DevnetUnavailableError, type SendResult } from './types.js'
@@ -43,7 +44,17 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   let miner: Miner | undefined
   try {
     const restored = await restore(node, archive, dir, gens, log)
-    const journal = new Journal({ dir, restartBudgetMs: opts.restartBudgetMs ?? 2000, dumpTimeoutMs: 4 * ipcTimeoutMs, log, anvilCpuMs: () => processCpuMs(child.anvilPid) }, restored.journal)
+    const journal = new Journal(
+      {
+        dir,
+        restartBudgetMs: opts.restartBudgetMs ?? 2000,
+        trimEveryBlocks: Math.max(TRIM_KEEP_HEADERS, opts.trimEveryBlocks ?? TRIM_EVERY_BLOCKS),
+        dumpTimeoutMs: 4 * ipcTimeoutMs,
+        log,
+        anvilCpuMs: () => processCpuMs(child.anvilPid),
+      },
+      restored.journal,
+    )
     const blockTimeMs = opts.blockTimeMs ?? 250
     miner = new Miner(node, journal, archive, { blockTimeMs, idleSnapshotMs: opts.idleSnapshotMs ?? 2000, freshBlockMs: opts.freshBlockMs ?? 2000, log })
     miner.start()
@@ -119,6 +130,7 @@ function handleOf(parts: Parts, front: RpcFront, rpcUrl: string, chainId: number
       snapshots: journal.snapshots,
       snapshotCpuMs: [...journal.snapshotCpuMs],
       sentBesideDumps: node.sentBesideDumps,
+      trims: journal.trims,
       dumping: node.dumping,
     }),
     snapshot: async () => {

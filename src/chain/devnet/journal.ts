@@ -1,7 +1,8 @@
 import * as fs from 'node:fs'
 import { journalPath, type SnapshotMeta, writeSnapshot } from './data-dir.js'
 import type { AnvilNode } from './node.js'
-import type { DevnetLog } from './types.js'
+import { TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
+import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
 /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
 export const journalLine = (method: string, paramsJson: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}}`
@@ -32,6 +33,8 @@ export interface JournalStart {
 export interface JournalOptions {
   dir: string
   restartBudgetMs: number
+  /** trim old headers at a snapshot once this many blocks were mined since the last trim (see trim.ts) */
+  trimEveryBlocks: number
   /** how long anvil may take to dump its state */
   dumpTimeoutMs: number
   log: DevnetLog
@@ -52,6 +55,10 @@ export class Journal {
   readonly snapshotMs: number[] = []
   /** snapshots taken since the start */
   snapshots = 0
+  /** of those, the ones that trimmed old headers */
+  trims = 0
+  /** anvil's newest block at the last trim (0: none since the start) */
+  private trimmedAt = 0
   /** anvil's CPU time during each of those holds */
   readonly snapshotCpuMs: number[] = []
   private stateMb: number
@@ -120,6 +127,7 @@ export class Journal {
     const cpu0 = this.opts.anvilCpuMs()
     // sends go on beside the dump (they fill the pool, which it does not hold); blocks wait
     const state = await node.beside(() => node.dumpState(this.opts.dumpTimeoutMs))
+    const trimmed = this.trimDue(node) ? await this.trim(node, state) : undefined
     const next = this.gen + 1
     // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
     fs.writeFileSync(journalPath(this.opts.dir, next), [...node.pending.values()].map((l) => `${l}\n`).join(''))
@@ -138,12 +146,34 @@ export class Journal {
     const log = this.opts.log
     this.commits = this.commits
       .then(async () => {
-        this.stateMb = await writeSnapshot(this.opts.dir, next, state, sm)
+        this.stateMb = await writeSnapshot(this.opts.dir, next, trimmed ?? state, sm)
       })
       .then(
         () => log('chain snapshot', { generation: next, blocks: sm.blocks, heldMs: ms, writeMs: Math.round(performance.now() - tc) }),
         (e: unknown) => log('writing a chain snapshot failed (the journals still hold everything)', { generation: next, error: String(e) }, 'warn'),
       )
+  }
+
+  /** Old headers are trimmed at a snapshot once enough blocks piled up (see trim.ts). */
+  private trimDue(node: AnvilNode): boolean {
+    return node.trimmable && !node.nextBlockTimeSet && node.blocks - this.trimmedAt >= this.opts.trimEveryBlocks
+  }
+
+  /** The trimmed state to write; if anvil did not come back the same, the chain stops (a restart replays from the last snapshot). */
+  private async trim(node: AnvilNode, state: string): Promise<Buffer> {
+    const t = performance.now()
+    try {
+      const json = await trimAnvil(node, state, this.offset)
+      this.trimmedAt = node.blocks
+      this.trims++
+      this.opts.log('chain: old block headers trimmed', { blocks: node.blocks, kept: TRIM_KEEP_HEADERS, ms: Math.round(performance.now() - t) })
+      return json
+    } catch (e) {
+      const err = new DevnetUnavailableError(`embedded chain: trimming old headers failed (${String(e)}); restart Paygate`)
+      node.fail(err)
+      this.opts.log('trimming old block headers failed; the embedded chain refuses every call until Paygate restarts', { error: String(e) }, 'error')
+      throw err
+    }
   }
 
   /** Resolves when every snapshot taken so far is written (or failed). */

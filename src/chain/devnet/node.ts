@@ -15,6 +15,8 @@ export class AnvilNode {
   latestTs = 0
   /** the caller set the next block's timestamp: no block for chain time may take it */
   nextBlockTimeSet = false
+  /** no dev method whose effect lives outside anvil's dump was used (see trim.ts) */
+  trimmable = true
   /** anvil exited or stalled under us */
   dead: DevnetUnavailableError | null = null
   closed = false

@@ -4,6 +4,7 @@ import { type Generations, journalPath } from './data-dir.js'
 import { type JournalStart, journalLine, type Tail } from './journal.js'
 import { MINES, SENDS, SET_NEXT_TIME } from './methods.js'
 import type { AnvilNode } from './node.js'
+import { trimSafe } from './trim.js'
 import type { DevnetLog } from './types.js'
 
 type Entry = { o?: number; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1 }
@@ -78,6 +79,7 @@ class Replay {
     // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it
     // came: pipelined, in one write. The rest, one call at a time, in journal order.
     const m = entry.m!
+    if (!trimSafe(m)) node.trimmable = false
     if (SET_NEXT_TIME.test(m)) node.nextBlockTimeSet = true
     else if (MINES.has(m)) node.nextBlockTimeSet = false
     const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))

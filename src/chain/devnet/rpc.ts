@@ -3,6 +3,7 @@ import { type Journal, journalCall, journalLine, journalRun } from './journal.js
 import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
 import type { Miner } from './miner.js'
 import type { AnvilNode } from './node.js'
+import { trimSafe } from './trim.js'
 import type { RpcRequest, RpcResponse, SendResult } from './types.js'
 
 /**
@@ -64,6 +65,7 @@ export class RpcFront {
     const { node, journal } = this
     if (node.closed) return rpcError(id, -32000, 'embedded chain is closed')
     const t = performance.now()
+    if (!trimSafe(method)) node.trimmable = false
     const r = await node.ipc.call(method, JSON.stringify(params))
     if (r.error) return reply(id, r)
     if (MINES.has(method)) await this.mined(method, params)

@@ -32,6 +32,12 @@ export interface DevnetOptions {
    * short and the same size however many records the chain holds.
    */
   keepBlocks?: number
+  /**
+   * At a snapshot, once this many blocks were mined since the last trim, anvil is reset and
+   * loaded back with only its newest 256 block headers (older ones are served by no method;
+   * their receipts stay in the archive). Default 512, at least 256. See trim.ts.
+   */
+  trimEveryBlocks?: number
   /** An IPC call anvil has not answered within this (ms) fails; a state dump gets 4x. Default 30000. */
   ipcTimeoutMs?: number
 }
@@ -70,6 +76,8 @@ export interface DevnetStats {
   snapshots: number
   /** anvil's CPU time (ms) during each of those holds (Linux; NaN elsewhere) */
   snapshotCpuMs: number[]
+  /** snapshots that trimmed anvil's old block headers (see trim.ts) */
+  trims: number
   /** sends answered while anvil dumped its state, instead of waiting for the dump */
   sentBesideDumps: number
   /** whether anvil is dumping its state now */

@@ -1,0 +1,66 @@
+import { promisify } from 'node:util'
+import * as zlib from 'node:zlib'
+import type { AnvilNode } from './node.js'
+
+// Why (issue 28, docs/devnet.md "At scale"): anvil keeps every block header it ever mined and
+// puts all of them in every state dump: ~1.7 KB of dump and ~0.025 ms of anvil CPU a header,
+// so at a million records (thousands of blocks) each snapshot held blocks back longer, and
+// anvil's memory grew with them. At a snapshot, once enough blocks piled up, anvil is reset
+// and loaded back from that same dump with only the newest headers: state, kept txs and the
+// newest block (same hash) come back, older headers are gone (their receipts stay in the
+// receipt archive). The trimmed dump is the snapshot written, so a restart starts from exactly
+// what the live chain holds.
+
+const gunzip = promisify(zlib.gunzip)
+const gzip = promisify(zlib.gzip)
+
+/** Headers kept by a trim: BLOCKHASH reaches the newest 256 blocks. */
+export const TRIM_KEEP_HEADERS = 256
+/**
+ * Default: a trim is due once this many blocks were mined since the last. Between trims anvil
+ * also holds ~0.85 KB per mined tx that its tx keeper emptied but never freed (512 blocks of
+ * 250 txs: ~110 MB); a trim costs anvil a reset and a load of a small state (tens of ms).
+ */
+export const TRIM_EVERY_BLOCKS = 512
+
+/**
+ * Dev methods whose effect lives in anvil outside its dump (impersonation, evm_snapshot ids,
+ * gas and fee settings): once one was used, this process never trims, so
+ * the chain keeps behaving as the caller set it. Sends, blocks and time are fine (no trim while a
+ * set next timestamp waits for its block).
+ */
+export const trimSafe = (method: string): boolean => /^(eth_sendRawTransaction|eth_sendTransaction|evm_mine|anvil_mine|hardhat_mine|evm_increaseTime|anvil_increaseTime|evm_setNextBlockTimestamp|anvil_setNextBlockTimestamp)$/.test(method)
+
+type Dump = { blocks: { header: { number: string } }[] } & Record<string, unknown>
+
+/**
+ * On the serial queue, right after `state` (anvil's dump: hex of gzipped JSON) was taken: resets
+ * anvil and loads it back with the newest TRIM_KEEP_HEADERS headers only; puts back what the
+ * reset loses (the chain-time offset, the next base fee, the pool's txs, in the order they were
+ * sent). Returns the trimmed state JSON (the snapshot to write). Throws if the newest block is
+ * not the same afterwards: the caller must stop the chain then.
+ */
+export async function trimAnvil(node: AnvilNode, state: string, offset: number): Promise<Buffer> {
+  const dump = JSON.parse((await gunzip(Buffer.from(state.slice(2), 'hex'))).toString('utf8')) as Dump
+  dump.blocks = dump.blocks.sort((a, b) => Number(a.header.number) - Number(b.header.number)).slice(-TRIM_KEEP_HEADERS)
+  const json = Buffer.from(JSON.stringify(dump))
+  const gz = await gzip(json)
+  const latest = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
+  const { environment } = (await node.raw('anvil_nodeInfo')) as { environment: { baseFee: string | number } }
+  await node.raw('anvil_reset', [])
+  await node.raw('anvil_loadState', [`0x${gz.toString('hex')}`])
+  await node.raw('anvil_setNextBlockBaseFeePerGas', [`0x${BigInt(environment.baseFee).toString(16)}`])
+  // (as a replay does: forward with evm_increaseTime, back by setting the time)
+  const cur = Number(await node.raw('evm_increaseTime', [0]))
+  if (offset > cur) await node.raw('evm_increaseTime', [offset - cur])
+  else if (offset < cur) await node.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + offset])
+  const now = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
+  if (now.hash !== latest.hash) throw new Error(`embedded chain: after trimming old headers the newest block is ${now.hash}, not ${latest.hash}`)
+  // the reset emptied the pool: the txs acknowledged and not yet mined go back, in order
+  for (const line of node.pending.values()) {
+    const { m, p } = JSON.parse(line) as { m: string; p: unknown[] }
+    const r = await node.ipc.call(m, JSON.stringify(p))
+    if (r.error) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${r.error.message}`)
+  }
+  return json
+}

@@ -1,0 +1,79 @@
+/**
+ * The embedded chain trims anvil's old block headers at a snapshot (reset, and loaded back from
+ * that dump with the newest 256 headers): the newest block keeps its hash, state and the txs
+ * waiting in the pool survive, old receipts still come from the archive, and a restart from the
+ * trimmed snapshot is the same chain. A dev method whose effect a dump does not hold turns
+ * trimming off.
+ */
+import t, { type Test } from 'tap'
+import { copyFileSync, cpSync, mkdirSync } from 'node:fs'
+import { join } from 'node:path'
+import type { Hex } from 'viem'
+import { mnemonicToAccount } from 'viem/accounts'
+import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet/index.js'
+import { testDir } from '../helpers/gateway.js'
+
+const CHAIN_ID = 31337
+const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000, trimEveryBlocks: 256 })
+const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 4 })
+const recipient = (nonce: number): Hex => `0x${'dd'.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
+const tx = (nonce: number): Promise<Hex> =>
+  from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+const block = (c: Devnet, n: number | 'latest'): Promise<{ hash: Hex; number: Hex; timestamp: Hex } | null> =>
+  c.request({ method: 'eth_getBlockByNumber', params: [typeof n === 'number' ? `0x${n.toString(16)}` : n, false] }) as Promise<{ hash: Hex; number: Hex; timestamp: Hex } | null>
+const receipt = (c: Devnet, h: string): Promise<{ status: Hex; blockHash: Hex } | null> =>
+  c.request({ method: 'eth_getTransactionReceipt', params: [h] }) as Promise<{ status: Hex; blockHash: Hex } | null>
+const balance = async (c: Devnet, nonce: number): Promise<bigint> => BigInt((await c.request({ method: 'eth_getBalance', params: [recipient(nonce), 'latest'] })) as Hex)
+const hashOf = (r: Awaited<ReturnType<Devnet['sendRawTransactions']>>[number]): string => ('hash' in r ? r.hash : 'refused')
+
+t.test('a snapshot past the trim point drops old headers; newest block, state, pool and receipts stay; a restart is the same chain', async (t: Test) => {
+  const dir = testDir(t, 'paygate-devnet-')
+  const copy = testDir(t, 'paygate-devnet-copy-')
+  const chain = await open(dir)
+  const first = hashOf((await chain.sendRawTransactions([await tx(0)]))[0]!)
+  const firstReceipt = await receipt(chain, first)
+  t.equal(firstReceipt?.status, '0x1')
+  await chain.request({ method: 'evm_increaseTime', params: [3600] })
+  await chain.request({ method: 'anvil_mine', params: ['0x12c'] }) // 300 blocks
+  // a tx waiting behind a nonce gap (nonce 2 before 1): in the pool across the trim (no blocks meanwhile)
+  await chain.request({ method: 'evm_setAutomine', params: [false] })
+  const waiting = hashOf((await chain.sendRawTransactions([await tx(2)]))[0]!)
+  const before = await block(chain, 'latest')
+  t.ok(await block(chain, 1), 'block 1 before the trim')
+
+  await chain.snapshot()
+  t.equal(chain.stats().trims, 1, 'the snapshot trimmed')
+  t.equal(await block(chain, 1), null, 'block 1 is gone')
+  t.same(await block(chain, 'latest'), before, 'the newest block is the same')
+  t.same(await receipt(chain, first), firstReceipt, 'an old receipt comes from the archive')
+  t.equal(await balance(chain, 0), 1n, 'state is there')
+  await chain.request({ method: 'evm_setAutomine', params: [true] })
+  await chain.sendRawTransactions([await tx(1)])
+  t.equal((await receipt(chain, waiting))?.status, '0x1', 'the tx waiting in the pool is mined once the gap is filled')
+  const after = await block(chain, 'latest')
+  t.ok(Number(after!.timestamp) >= Number(before!.timestamp) + 1, 'chain time kept its offset: the next block is later')
+  t.equal(await balance(chain, 2), 3n)
+
+  // What a SIGKILL leaves after the trimmed snapshot.
+  const gen = chain.stats().generation
+  mkdirSync(copy, { recursive: true })
+  for (const f of ['chain.json', `journal-${gen}.ndjson`]) copyFileSync(join(dir, f), join(copy, f))
+  cpSync(join(dir, `snap-${gen}`), join(copy, `snap-${gen}`), { recursive: true })
+  cpSync(join(dir, 'receipts'), join(copy, 'receipts'), { recursive: true })
+  await chain.close()
+  const restarted = await open(copy)
+  t.teardown(() => restarted.close())
+  t.same(await block(restarted, 'latest'), after, 'a restart from the trimmed snapshot has the same newest block')
+  t.equal(await balance(restarted, 2), 3n)
+  t.same(await receipt(restarted, first), firstReceipt)
+})
+
+t.test('a dev method whose effect a dump does not hold turns trimming off', async (t: Test) => {
+  const chain = await open(testDir(t, 'paygate-devnet-'))
+  t.teardown(() => chain.close())
+  await chain.request({ method: 'anvil_impersonateAccount', params: [recipient(9)] })
+  await chain.request({ method: 'anvil_mine', params: ['0x12c'] })
+  await chain.snapshot()
+  t.equal(chain.stats().trims, 0, 'no trim')
+  t.ok(await block(chain, 1), 'block 1 is still there')
+})
