@@ -41,9 +41,22 @@ export class AnvilNode {
   async dumpState(ms: number): Promise<string> {
     if (!this.ipcPath) return (await this.raw('anvil_dumpState', [], ms)) as string
     this.dumpIpc ??= IpcClient.connect(this.ipcPath, this.ipcTimeoutMs)
-    const r = await (await this.dumpIpc).call('anvil_dumpState', '[]', ms)
-    if (r.error) throw new Error(`anvil_dumpState: ${r.error.message}`)
-    return r.result as string
+    const conn = this.dumpIpc
+    try {
+      const r = await (await conn).call('anvil_dumpState', '[]', ms)
+      if (r.error) throw new Error(`anvil_dumpState: ${r.error.message}`)
+      return r.result as string
+    } catch (e) {
+      // a connection that failed or closed is opened again for the next dump (a timeout stops the chain: see watch)
+      if (!(e instanceof DevnetUnavailableError && e.timedOut) && this.dumpIpc === conn) {
+        this.dumpIpc = null
+        void conn.then(
+          (c) => c.close(),
+          () => {},
+        )
+      }
+      throw e
+    }
   }
 
   /** A call whose error is thrown. */
