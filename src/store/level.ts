@@ -30,6 +30,12 @@ const TEXT = { keyEncoding: 'utf8', valueEncoding: 'utf8' } as const
 /** The data directory's lock file (it keeps the holder's pid). */
 const LOCK_FILE = 'paygate.lock'
 const REPLAY_CHUNK = 1000
+/**
+ * How long logged batches wait to be written into LevelDB. A paid record is rewritten when its
+ * ledger record is confirmed, about 0.3-0.9 s later, and its outbox entry deleted: a second
+ * apart, the two writes of each mostly land in one slice (one put, a delete instead of a put).
+ */
+const APPLY_DELAY_MS = 1000
 /** Distinct keys per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
 const APPLY_CHUNK = 512
 
@@ -148,7 +154,7 @@ export class LevelStore implements Store {
     } catch (e) {
       throw new PaygateError('unavailable', `${(e as Error).message}; stop that Paygate or choose another data directory (dataDir, PAYGATE_DATA_DIR)`)
     }
-    const store = new LevelStore(join(dataDir, 'state'), opts.applyDelayMs ?? 200, opts.onApplyError ?? (() => {}))
+    const store = new LevelStore(join(dataDir, 'state'), opts.applyDelayMs ?? APPLY_DELAY_MS, opts.onApplyError ?? (() => {}))
     store.lock = lock
     try {
       await store.db.open()
