@@ -13,6 +13,7 @@ import { resend, servedEnd, unservedEnd } from './outcome.js'
 import { ledgerEntryOf, type Recorder } from './record.js'
 import type { PayOutcome } from './types.js'
 import { readBody, type UpstreamResponse } from '../upstream/upstream.js'
+import { extend } from '../util/extend.js'
 
 export const MAX_ATTEMPTS = 3
 /** An authorization this close to expiry is not resent. */
@@ -64,7 +65,7 @@ export async function deliver(d: DeliverDeps, req: PayRequest, plan: Plan, signe
   /** The ledger entry built to sign it ahead, recorded as it is when paid. */
   let entry: LedgerEntry | undefined
   for (let attempt = 1; ; attempt++) {
-    rec = { ...rec, attempts: attempt }
+    rec = extend(rec, { attempts: attempt })
     let sent: Delivery
     try {
       const sending = plan.deliver(req, auth, rec.id)

@@ -9,6 +9,7 @@ import { commit, release, usedToday, type UsageState } from '../policy/usage.js'
 import type { Settlement } from '../protocols/types.js'
 import type { BatchOp, Store, Txn } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
+import { extend } from '../util/extend.js'
 import { toUsdcNumber } from '../util/money.js'
 import { outcome, type Result } from '../util/result.js'
 import type { Plan } from './adapters/types.js'
@@ -137,17 +138,16 @@ export class Recorder {
       // The outbox numbers the ledger record and writes it with these operations, in order;
       // awaited outside the agent's lock, so its next payment can be decided meanwhile.
       const pending = this.d.outbox.record(entry ?? ledgerEntryOf(rec, plan.protocol), rec.id, (hash) => {
-        const next: TxRecord = {
-          ...rec,
-          status: 'paid',
+        const next: TxRecord = extend(rec, {
+          status: 'paid' as const,
           txHash: hash,
           updatedAt: now,
           upstreamStatus: res.status,
           ...(settlement
             ? { settlement: { success: settlement.success, transaction: settlement.transaction, network: settlement.network, payer: settlement.payer, errorReason: settlement.errorReason } }
             : {}),
-          ledger: { status: 'queued' },
-        }
+          ledger: { status: 'queued' as const },
+        })
         return this.ops({ kind: 'paid', record: next, prev: rec, usage: committed, dailyBudget: policy.dailyBudget ?? null }, shared ? [] : [usageOp])
       })
       return { ops: shared ? [usageOp, ...spent] : [], result: outcome(pending) }

@@ -12,6 +12,7 @@ import type { PayRequest, Plan, SigningWallet } from './adapters/types.js'
 import type { Balances } from './balances.js'
 import type { Leases } from './leases.js'
 import type { Clock } from '../util/clock.js'
+import { extend } from '../util/extend.js'
 import type { Recorder } from './record.js'
 import type { AheadSigner } from './sign-ahead.js'
 
@@ -85,7 +86,7 @@ export async function reserve(
     const input = { req, txId: base.id, wallet: signing, nowMs: now }
     const prepared = plan.signsLocally && plan.prepare ? (d.aheadSigner.take(agentId, req.url, plan, signer.address) ?? plan.prepare(input)) : null
     const authorization = prepared ? prepared.unsigned : plan.signsLocally ? await plan.authorize(input) : undefined
-    const rec: TxRecord = { ...base, ...(authorization ? { authorization } : {}) }
+    const rec: TxRecord = authorization ? extend(base, { authorization }) : base
     // Leased before it can be seen on disk: the reconciler leaves it alone.
     d.leases.take(base.id)
     let capOps: BatchOp[] = []

@@ -1,3 +1,4 @@
+import { remembered } from '../util/lru.js'
 import { randomBase62 } from '../util/random.js'
 import { usdc } from '../util/money.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
@@ -108,14 +109,15 @@ const idBound = (ms: number): string => `tx_${Math.max(0, ms).toString(36).padSt
 /** Sortable id: creation ms in base36 (fixed width) plus randomness. */
 export const newTxId = (now: number): string => `tx_${now.toString(36).padStart(9, '0')}${randomBase62(10)}`
 
-export function endpointOf(url: string): string {
+/** The URL without its query (what a record keeps), remembered per URL. */
+export const endpointOf = remembered((url: string): string => {
   try {
     const u = new URL(url)
     return `${u.origin}${u.pathname}`
   } catch {
     return url
   }
-}
+})
 
 export class Transactions {
   readonly records: Collection<TxRecord>

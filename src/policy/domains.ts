@@ -1,5 +1,6 @@
 import { isIP } from 'node:net'
 import { parse } from 'tldts'
+import { remembered } from '../util/lru.js'
 
 /**
  * Domain lists (tldts lives only here). An entry that is a registrable domain
@@ -66,8 +67,8 @@ export function matchesEntry(entry: string, host: string): boolean {
 
 export const matchesAny = (entries: readonly string[], host: string): boolean => entries.some((e) => matchesEntry(e, host))
 
-/** The normalised host of a URL, as policies match it. */
-export function domainOf(url: string): string {
+/** The normalised host of a URL, as policies match it (two URL parses: remembered per URL). */
+export const domainOf = remembered((url: string): string => {
   const host = new URL(url).hostname
   return normalizeHost(host) ?? host.toLowerCase()
-}
+})

@@ -46,7 +46,7 @@ export interface StoreOptions {
   /**
    * How long logged batches wait before they are written into LevelDB (ms), so one write
    * carries many of them and a key rewritten meanwhile is written once (an agent's usage, the
-   * outbox nonce, the metrics buckets, a record going from pending to paid). Default 200.
+   * outbox nonce, the metrics buckets, a record going from pending to paid and confirmed). Default 1000.
    */
   applyDelayMs?: number
   /** Told when writing into LevelDB starts failing (it is retried) and when it works again (`undefined`). */

@@ -48,14 +48,14 @@ function putString(out: Buffer, at: number, s: string): number {
   return at + 4 + len
 }
 
-/** Records (header and binary payload) of `batches`, one per batch, in one buffer. */
-function encodeRecords(batches: readonly (readonly WalOp[])[]): Buffer {
+/** Records (header and binary payload) of `batches`, one per batch, in one buffer: `scratch` when it has room, else a new one. */
+function encodeRecords(batches: readonly (readonly WalOp[])[], scratch: Buffer): Buffer {
   let room = 0
   for (const ops of batches) {
     room += HEADER + 1
     for (const [key, value] of ops) room += 9 + UTF8_MAX * (key.length + (value?.length ?? 0))
   }
-  const out = Buffer.allocUnsafe(room)
+  const out = room <= scratch.length ? scratch : Buffer.allocUnsafe(room)
   let at = 0
   for (const ops of batches) {
     const start = at
@@ -71,12 +71,19 @@ function encodeRecords(batches: readonly (readonly WalOp[])[]): Buffer {
   }
   return out.subarray(0, at)
 }
+/**
+ * Appends encode into one buffer kept for the purpose (written synchronously, so free again at
+ * once): a new buffer per append cost an allocation of three times the batch's size.
+ */
+const SCRATCH_BYTES = 2 ** 20
+
 /** Log files are numbered in the order they were started: `000000000001.log`, ... */
 const FILE_RE = /^(\d{12})\.log$/
 
 export class Wal {
   private fd: number
   private size = 0
+  private readonly scratch = Buffer.allocUnsafe(SCRATCH_BYTES)
   /** closed files, oldest first, with the last sequence number each holds */
   private readonly closed: { path: string; lastSeq: number }[] = []
 
@@ -137,7 +144,7 @@ export class Wal {
    * cut back to where it was, so no partial record sits before the next one.
    */
   append(batches: readonly (readonly WalOp[])[], lastSeq: number): void {
-    const out = encodeRecords(batches)
+    const out = encodeRecords(batches, this.scratch)
     let written = 0
     try {
       while (written < out.length) written += fs.writeSync(this.fd, out, written)

@@ -6,6 +6,7 @@ import { Agent, buildConnector, util, type Dispatcher } from 'undici'
 import { PaygateError } from '../errors/index.js'
 import type { EgressGuard } from '../net/egress.js'
 import { collect, type Deadline } from '../util/collect.js'
+import { remembered } from '../util/lru.js'
 import { UpstreamError, upstreamError } from './errors.js'
 
 /** undici lives here: pooled keep-alive upstream connections, no redirect following. */
@@ -89,6 +90,16 @@ class Handler implements Dispatcher.DispatchHandler {
   }
 }
 
+interface Target {
+  origin: string
+  path: string
+}
+/** Where a request goes (agents call the same few URLs over and over: one parse each). */
+const targetOf = remembered((s: string): Target => {
+  const u = new URL(s)
+  return Object.freeze({ origin: u.origin, path: u.pathname + u.search })
+})
+
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
 
 /**
@@ -163,15 +174,15 @@ export class Upstream {
    */
   send(req: UpstreamRequest): Promise<UpstreamResponse> {
     const timeout = req.timeoutMs ?? this.timeoutMs
-    let url: URL
+    let url: Target
     try {
-      url = new URL(req.url)
+      url = targetOf(req.url)
     } catch {
       return Promise.reject(new UpstreamError('network', `upstream request failed: invalid URL ${req.url}`))
     }
     return new Promise((resolve, reject) => {
       this.dispatcher.dispatch(
-        { origin: url.origin, path: url.pathname + url.search, method: req.method as Dispatcher.HttpMethod, headers: req.headers, body: req.body, headersTimeout: timeout, bodyTimeout: timeout },
+        { origin: url.origin, path: url.path, method: req.method as Dispatcher.HttpMethod, headers: req.headers, body: req.body, headersTimeout: timeout, bodyTimeout: timeout },
         new Handler(req.body, resolve, reject),
       )
     })

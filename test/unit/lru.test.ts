@@ -1,5 +1,8 @@
 import t from 'tap'
-import { deepFreeze, Lru } from '../../src/util/lru.js'
+import { deepFreeze, Lru, remembered } from '../../src/util/lru.js'
+import { domainOf } from '../../src/policy/domains.js'
+import { endpointOf } from '../../src/ledger/transactions.js'
+import { sameOrigin } from '../../src/protocols/x402/choose.js'
 
 t.test('Lru keeps the most recently used entries up to its bound', async (t) => {
   const c = new Lru<string, number>(3)
@@ -23,4 +26,40 @@ t.test('deepFreeze freezes everything reachable, shared and cyclic parts include
   t.equal(deepFreeze(v), v)
   t.ok(Object.isFrozen(v) && Object.isFrozen(shared) && Object.isFrozen(shared.x) && Object.isFrozen(shared.x[1]))
   t.ok(Object.isFrozen((v.list as object[])[0]))
+})
+
+t.test('remembered runs its function once per argument while it is kept; a throw is not kept', async (t) => {
+  const calls: string[] = []
+  const f = remembered((s: string) => {
+    calls.push(s)
+    if (s === 'bad') throw new Error('bad input')
+    return s.length
+  }, 2)
+  t.same([f('a'), f('bb'), f('a')], [1, 2, 1])
+  t.same(calls, ['a', 'bb'])
+  f('ccc') // drops bb, the least recently used
+  t.equal(f('bb'), 2)
+  t.same(calls, ['a', 'bb', 'ccc', 'bb'])
+  t.throws(() => f('bad'), /bad input/)
+  t.throws(() => f('bad'), /bad input/)
+  t.same(
+    calls.filter((c) => c === 'bad'),
+    ['bad', 'bad'],
+  )
+})
+
+t.test('the remembered URL parses answer as before, every time', async (t) => {
+  for (let i = 0; i < 2; i++) {
+    t.equal(domainOf('https://API.Example.com./x?y=1'), 'api.example.com')
+    t.throws(() => domainOf('not a url'))
+    t.equal(endpointOf('http://127.0.0.1:8080/paid?q=1#h'), 'http://127.0.0.1:8080/paid')
+    t.equal(endpointOf('not a url'), 'not a url')
+    t.equal(sameOrigin({ resource: null }, 'https://a.example/x'), true)
+    t.equal(sameOrigin({ resource: '/x' }, 'https://a.example/y'), true)
+    t.equal(sameOrigin({ resource: 'https://b.example/x' }, 'https://a.example/y'), false)
+    t.equal(sameOrigin({ resource: 'http://a.example:8443/x' }, 'https://a.example:8443/y'), true)
+    // The same text split differently between resource and request URL is another pair.
+    t.equal(sameOrigin({ resource: 'https://a.example/' }, 'https://b.example/'), false)
+    t.equal(sameOrigin({ resource: null }, 'not a url'), false)
+  }
 })

@@ -5,6 +5,7 @@ import { PaygateError, invalid } from '../../errors/index.js'
 import { decodeContent } from '../../upstream/decode.js'
 import { collect } from '../../util/collect.js'
 import { jsonDepth } from '../../util/json-depth.js'
+import { remembered } from '../../util/lru.js'
 import { usdc } from '../../util/money.js'
 import { validateAgentId } from '../../agents/registry.js'
 import { onlyFields } from '../http.js'
@@ -43,14 +44,24 @@ interface PayBody {
   invocation?: string
 }
 
+interface Endpoint {
+  href: string
+  protocol: string
+}
+/** An endpoint's parse (agents pay the same few: one parse each). */
+const endpointUrl = remembered((s: string): Endpoint => {
+  const u = new URL(s)
+  return Object.freeze({ href: u.href, protocol: u.protocol })
+})
+
 function parsePay(raw: unknown): PayBody {
   const b = onlyFields(raw, ['agentId', 'endpoint', 'method', 'headers', 'body', 'idempotencyKey', 'parentTxHash'])
   if (b.agentId === undefined) throw invalid('agentId', 'agentId is required')
   const agentId = validateAgentId(b.agentId)
   if (typeof b.endpoint !== 'string') throw invalid('endpoint', 'endpoint (an http or https URL) is required')
-  let url: URL
+  let url: Endpoint
   try {
-    url = new URL(b.endpoint)
+    url = endpointUrl(b.endpoint)
   } catch {
     throw invalid('endpoint', 'endpoint must be an absolute http or https URL')
   }
@@ -89,7 +100,7 @@ function parsePay(raw: unknown): PayBody {
   }
   return {
     agentId,
-    url: url.toString(),
+    url: url.href,
     method,
     headers,
     body,

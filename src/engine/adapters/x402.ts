@@ -2,6 +2,7 @@ import { isEip3009, type StoredAuthorization } from '../../ledger/transactions.j
 import type { Eip3009Authorization, HttpAnswer, Offer, PayableChain } from '../../protocols/types.js'
 import { authorizationFor, authorizationJson, choose, detectX402, paymentHeaders, readSettlement, transferTypedData, typedData, typedDataDigest } from '../../protocols/x402.js'
 import type { Upstream, UpstreamResponse } from '../../upstream/upstream.js'
+import { extend } from '../../util/extend.js'
 import { randomHex } from '../../util/random.js'
 import type { AuthorizeInput, Delivery, Detected, PayRequest, Plan, ProtocolAdapter, SigningWallet } from './types.js'
 
@@ -87,7 +88,7 @@ export class X402Adapter implements ProtocolAdapter {
         const headers = paymentHeaders(offer, eip3009Of(stored), stored.signature as `0x${string}`)
         let res: UpstreamResponse
         try {
-          res = await upstream.send({ url: req.url, method: req.method, headers: { ...req.headers, ...headers }, body: req.body, timeoutMs: req.timeoutMs })
+          res = await upstream.send({ url: req.url, method: req.method, headers: extend(req.headers, headers), body: req.body, timeoutMs: req.timeoutMs })
         } catch (e) {
           return { kind: 'transient', response: null, error: (e as Error).message }
         }

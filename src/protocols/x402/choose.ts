@@ -1,4 +1,5 @@
 /** Choosing an x402 offer: which networks name the configured chain, which offers are payable. */
+import { Lru } from '../../util/lru.js'
 import type { Offer, PayableChain } from '../types.js'
 
 /**
@@ -69,15 +70,25 @@ export function isPayable(offer: Offer, chain: PayableChain): boolean {
  * origin; an absent or relative resource counts as the request's own.
  */
 export function sameOrigin(offer: Pick<Offer, 'resource'>, requestUrl: string): boolean {
+  // Two URL parses: remembered per request URL and resource (a 402's offers repeat). The
+  // URL's length first and a mark for no resource keep every pair's key apart.
+  const key = `${requestUrl.length}:${requestUrl}${offer.resource === null ? 'n' : `s${offer.resource}`}`
+  let same = seenOrigins.get(key)
+  if (same === undefined) seenOrigins.set(key, (same = originsMatch(offer.resource, requestUrl)))
+  return same
+}
+const seenOrigins = new Lru<string, boolean>(1024)
+
+function originsMatch(resource: string | null, requestUrl: string): boolean {
   let request: URL
   try {
     request = new URL(requestUrl)
   } catch {
     return false
   }
-  if (offer.resource === null) return true
+  if (resource === null) return true
   try {
-    const r = new URL(offer.resource, request)
+    const r = new URL(resource, request)
     if (r.origin === request.origin) return true
     // A merchant behind a TLS-terminating front reports the inner scheme: same host and
     // the same explicit port with only http/https swapped is the same server.
