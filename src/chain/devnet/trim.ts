@@ -29,7 +29,8 @@ export const TRIM_EVERY_BLOCKS = 512
  * the chain keeps behaving as the caller set it. Sends, blocks and time are fine (no trim while a
  * set next timestamp waits for its block).
  */
-export const trimSafe = (method: string): boolean => /^(eth_sendRawTransaction|eth_sendTransaction|evm_mine|anvil_mine|hardhat_mine|evm_increaseTime|anvil_increaseTime|evm_setNextBlockTimestamp|anvil_setNextBlockTimestamp)$/.test(method)
+export const trimSafe = (method: string): boolean =>
+  /^(eth_sendRawTransaction|eth_sendTransaction|evm_mine|anvil_mine|hardhat_mine|evm_increaseTime|anvil_increaseTime|evm_setNextBlockTimestamp|anvil_setNextBlockTimestamp)$/.test(method)
 
 type Dump = { blocks: { header: { number: string } }[] } & Record<string, unknown>
 
