@@ -78,6 +78,9 @@ t.test('receipts of blocks anvil forgot come from the archive; the events give t
   t.not(headAfter(tampered), onChain, 'a changed amount does not')
   const oldest = await chain.request({ method: 'eth_getTransactionByHash', params: [hashes[0]] })
   t.equal(oldest, null, 'anvil itself forgot the oldest tx (the archive is what answers its receipt)')
+  // a block's receipts after anvil forgot its txs: from the archive, as its receipt is
+  const oldBlock = (await receiptOf(chain, hashes[0]!))!.blockNumber
+  t.same(await chain.request({ method: 'eth_getBlockReceipts', params: [oldBlock] }), [await receiptOf(chain, hashes[0]!)], "a forgotten block's receipts come from the archive")
 
   // what a SIGKILL leaves (chain identity, journal, receipt archive; no snapshot), and a clean restart
   const copy = testDir(t, 'paygate-devnet-history-copy-')

@@ -2,10 +2,12 @@ import * as fs from 'node:fs'
 import * as path from 'node:path'
 import type { AnvilNode } from './node.js'
 
-type Receipt = { transactionHash: string }
+type Receipt = { transactionHash: string; blockNumber?: string }
 
 /** Receipts kept in memory (about 1 KB each): several seconds of a busy chain. */
 const RECENT = 4096
+/** Blocks whose receipts are answered from memory (eth_getBlockReceipts once anvil forgot them). */
+const RECENT_BLOCKS = 64
 /** How much of a bucket one read takes, scanning back from its end. */
 const SCAN_CHUNK = 64 * 1024
 
@@ -22,6 +24,8 @@ export class ReceiptArchive {
   private readonly fds = new Map<string, number>()
   /** The newest RECENT receipts archived by this process, by hash (insertion order: oldest first). */
   private readonly recent = new Map<string, string>()
+  /** The newest RECENT_BLOCKS archived blocks: number -> their txs' hashes. */
+  private readonly recentBlocks = new Map<number, string[]>()
 
   constructor(
     private readonly dir: string,
@@ -37,6 +41,15 @@ export class ReceiptArchive {
 
   /** Appends a block's receipts (as anvil's eth_getBlockReceipts gives them). */
   add(receipts: Receipt[]): void {
+    const n = Number(receipts[0]?.blockNumber)
+    if (Number.isSafeInteger(n)) {
+      this.recentBlocks.delete(n) // (a block mined again by a replay: newest last)
+      this.recentBlocks.set(
+        n,
+        receipts.map((r) => r.transactionHash.toLowerCase()),
+      )
+      if (this.recentBlocks.size > RECENT_BLOCKS) this.recentBlocks.delete(this.recentBlocks.keys().next().value!)
+    }
     const byBucket = new Map<string, string[]>()
     for (const r of receipts) {
       const h = r.transactionHash.toLowerCase()
@@ -89,6 +102,23 @@ export class ReceiptArchive {
     if (recent !== undefined) return JSON.parse(recent) as unknown
     const line = this.scanBack(h)
     return line === null ? null : (JSON.parse(line) as unknown)
+  }
+
+  /**
+   * A recent block's receipts, in block order, from memory: the outbox asks for a block's
+   * receipts a few blocks after it was mined, often after anvil forgot its txs. Null when this
+   * block is not among the recent ones (or one of its receipts left memory).
+   */
+  blockReceipts(n: number): unknown[] | null {
+    const hashes = this.recentBlocks.get(n)
+    if (!hashes) return null
+    const out: unknown[] = []
+    for (const h of hashes) {
+      const json = this.recent.get(h)
+      if (json === undefined) return null
+      out.push(JSON.parse(json))
+    }
+    return out
   }
 
   /** The receipt JSON of `h` in its bucket, searched from the end in chunks; null when absent. */

@@ -35,6 +35,7 @@ export class RpcFront {
       return { jsonrpc: '2.0', id, result: null }
     }
     if (method === 'eth_getTransactionReceipt') return this.receipt(id, params)
+    if (method === 'eth_getBlockReceipts') return this.blockReceipts(id, params)
     if (isReadOnly(method)) {
       if (readsNewestBlock(method, params)) await this.miner.freshenForRead()
       return reply(id, await node.ipc.call(method, JSON.stringify(params)))
@@ -50,6 +51,14 @@ export class RpcFront {
     const r = await this.node.ipc.call('eth_getTransactionReceipt', JSON.stringify(params))
     if (r.error || r.result !== null || typeof params[0] !== 'string') return reply(id, r)
     return { jsonrpc: '2.0', id, result: this.archive.find(params[0]) }
+  }
+
+  /** A block whose txs anvil forgot (it answers none) comes from the archive while it is recent. */
+  private async blockReceipts(id: unknown, params: unknown[]): Promise<RpcResponse> {
+    const r = await this.node.ipc.call('eth_getBlockReceipts', JSON.stringify(params))
+    const tag = params[0]
+    if (r.error || (Array.isArray(r.result) && r.result.length) || typeof tag !== 'string' || !/^0x[0-9a-f]+$/i.test(tag)) return reply(id, r)
+    return { jsonrpc: '2.0', id, result: this.archive.blockReceipts(Number(tag)) ?? r.result ?? null }
   }
 
   /** A tx we are about to mine: wait for its block instead of answering null. */
