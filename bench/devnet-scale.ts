@@ -17,13 +17,13 @@ import * as os from 'node:os'
 import * as path from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
-import { encodeFunctionData, type Abi, type Hex, keccak256, toHex } from 'viem'
+import { encodeFunctionData, type Abi, type Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { DEVNET_MNEMONIC, type Devnet, startDevnet } from '../src/chain/devnet/index.js'
 import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
-import type { LedgerEntry } from '../src/chain/ledger-tx.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
+import { entryOf } from './ledger-entries.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
 
 const artifacts = JSON.parse(fs.readFileSync(new URL('../src/chain/contracts/artifacts.json', import.meta.url), 'utf8')) as {
@@ -43,17 +43,6 @@ const arg = (name: string, dflt: number): number => {
 const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 1 })
 const hd = account.getHdKey()
 const signer = new FastSigner(`0x${Buffer.from(hd.privateKey!).toString('hex')}`)
-
-const entryOf = (i: number): LedgerEntry => ({
-  id: keccak256(toHex(`payment-${i}`)),
-  parentTxHash: keccak256(toHex(`parent-${i}`)),
-  agentId: `agent-${i % 50}`,
-  amount: BigInt(10_000 + i),
-  protocol: i % 2 ? 'x402' : 'mpp',
-  origin: `https://merchant${i % 20}.example`,
-  pathHash: keccak256(toHex(`/api/v1/items/${i % 1000}`)),
-  depth: i % 4,
-})
 
 const sign = (data: Uint8Array, to: Uint8Array, nonce: number, gas: bigint): Hex => {
   const raw = signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: 0n, data }, (p) =>

@@ -17,14 +17,14 @@
 import { type ChildProcess, spawn } from 'node:child_process'
 import * as fs from 'node:fs'
 import * as net from 'node:net'
-import { type Abi, type Hex, keccak256, toHex } from 'viem'
+import type { Abi, Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { anvilBinary } from '../src/chain/devnet/anvil.js'
 import { DEVNET_MNEMONIC } from '../src/chain/devnet/index.js'
 import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
-import type { LedgerEntry } from '../src/chain/ledger-tx.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
+import { entryOf } from '../bench/ledger-entries.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
 
 const argv = process.argv.slice(2)
@@ -82,16 +82,6 @@ async function batch(calls: { method: string; params: unknown[] }[]): Promise<Re
 }
 const call = async (method: string, params: unknown[] = []): Promise<unknown> => (await batch([{ method, params }]))[0]!.result
 
-const entryOf = (i: number): LedgerEntry => ({
-  id: keccak256(toHex(`payment-${i}`)),
-  parentTxHash: keccak256(toHex(`parent-${i}`)),
-  agentId: `agent-${i % 50}`,
-  amount: BigInt(10_000 + i),
-  protocol: i % 2 ? 'x402' : 'mpp',
-  origin: `https://merchant${i % 20}.example`,
-  pathHash: keccak256(toHex(`/api/v1/items/${i % 1000}`)),
-  depth: i % 4,
-})
 const SINK = Buffer.from('00000000000000000000000000000000000000aa', 'hex')
 const sign = (nonce: number, to: Uint8Array, data: Uint8Array, gas: bigint): Hex =>
   `0x${signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: to === SINK ? 1n : 0n, data }, (p) => signer.signDigestBytes(keccak256Bytes(p))).toString('hex')}`
