@@ -9,6 +9,7 @@ import { join } from 'node:path'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet/index.js'
+import { FULL_BLOCK_TXS } from '../../src/chain/devnet/miner.js'
 import { testDir } from '../helpers/gateway.js'
 
 const CHAIN_ID = 31337
@@ -135,4 +136,39 @@ t.test('sends go on while anvil dumps a snapshot; a restart from that snapshot h
     'the same txs in the same blocks',
   )
   t.equal(BigInt((await restarted.request({ method: 'eth_getBalance', params: [recipient(319), 'latest'] })) as Hex), 320n)
+})
+
+t.test('a long send is mined in blocks of at most FULL_BLOCK_TXS; a replay has the same blocks', async (t) => {
+  const { dir, copy } = dirs(t)
+  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 4 })
+  const recipient = (nonce: number): Hex => `0x${'dd'.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
+  const tx = (nonce: number): Promise<Hex> =>
+    from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const chain = await open(dir)
+  t.teardown(() => chain.close())
+  const count = 2 * FULL_BLOCK_TXS + 44
+  const sent = await chain.sendRawTransactions(await Promise.all(Array.from({ length: count }, (_, i) => tx(i))))
+  t.equal(sent.filter((r) => 'hash' in r).length, count, 'every transaction answered with its hash')
+  const receipts = (await Promise.all(sent.map((r) => chain.request({ method: 'eth_getTransactionReceipt', params: ['hash' in r ? r.hash : '0x'] })))) as { status: Hex; blockNumber: Hex }[]
+  t.ok(
+    receipts.every((r) => r?.status === '0x1'),
+    'every transaction mined',
+  )
+  const perBlock = new Map<string, number>()
+  for (const r of receipts) perBlock.set(r.blockNumber, (perBlock.get(r.blockNumber) ?? 0) + 1)
+  t.ok(perBlock.size >= 3, `mined in ${perBlock.size} blocks`)
+  t.ok(
+    [...perBlock.values()].every((n) => n <= FULL_BLOCK_TXS),
+    `no block holds more than ${FULL_BLOCK_TXS} of them (${[...perBlock.values()].join(', ')})`,
+  )
+
+  const latest = Number(await chain.request({ method: 'eth_blockNumber' }))
+  const blocksOf = async (c: Devnet): Promise<string[]> =>
+    Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))
+  const blocks = await blocksOf(chain)
+  mkdirSync(copy, { recursive: true })
+  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  const replayed = await open(copy)
+  t.teardown(() => replayed.close())
+  t.same(await blocksOf(replayed), blocks, 'same block hashes after a replay of the journal')
 })

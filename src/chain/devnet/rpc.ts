@@ -1,7 +1,7 @@
 import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Journal, journalCall, journalLine, journalRun } from './journal.js'
 import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
-import type { Miner } from './miner.js'
+import { FULL_BLOCK_TXS, type Miner } from './miner.js'
 import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
 import type { RpcRequest, RpcResponse, SendResult } from './types.js'
@@ -112,7 +112,25 @@ export class RpcFront {
     this.miner.noteMined()
   }
 
-  sendRawTransactions(raws: string[]): Promise<SendResult[]> {
+  /**
+   * Sends in slices of a block's worth, with a block mined between them once a full one waits
+   * (`Miner.mineIfFull`): a send of a thousand would otherwise make one block of a thousand,
+   * whose receipts alone hold anvil for a third of a second.
+   */
+  async sendRawTransactions(raws: string[]): Promise<SendResult[]> {
+    const room = (): number => Math.max(1, FULL_BLOCK_TXS - this.node.pending.size)
+    if (raws.length <= room()) return this.sendRun(raws)
+    const out: SendResult[] = []
+    for (let i = 0; i < raws.length; ) {
+      if (i) await this.miner.mineIfFull()
+      const slice = raws.slice(i, i + room())
+      out.push(...(await this.sendRun(slice)))
+      i += slice.length
+    }
+    return out
+  }
+
+  private sendRun(raws: string[]): Promise<SendResult[]> {
     if (!raws.length) return Promise.resolve([])
     this.miner.noteWrite()
     const { node, journal } = this

@@ -1,0 +1,150 @@
+/**
+ * What a block costs anvil, by its size, standalone (issue 28): starts the embedded chain's anvil
+ * binary with the devnet's flags on loopback, deploys the PaymentLedger and, for each block size,
+ * sends that many ledger calls (signed natively, 250 to a batch), mines them with `evm_mine` and
+ * reads the block's receipts with `eth_getBlockReceipts`, as the devnet's miner and receipt
+ * archive do. Meanwhile a second connection sends one tx during the mine and one during the
+ * receipts read, to see whether anvil answers it meanwhile. Prints the median of `--rounds` per
+ * size:
+ *
+ *   npx tsx scripts/anvil-block-costs.ts [--sizes 100,250,1000] [--rounds 5]
+ *
+ * Loopback only; bounded by sizes x rounds. Only the anvil this script starts is killed, by its pid.
+ */
+import { type ChildProcess, spawn } from 'node:child_process'
+import * as fs from 'node:fs'
+import * as net from 'node:net'
+import { Agent, request } from 'undici'
+import type { Hex } from 'viem'
+import { mnemonicToAccount } from 'viem/accounts'
+import { entryOf } from '../bench/ledger-entries.js'
+import { anvilBinary } from '../src/chain/devnet/anvil.js'
+import { DEVNET_MNEMONIC } from '../src/chain/devnet/index.js'
+import { signEip1559 } from '../src/chain/eip1559.js'
+import { encodeRecordCall } from '../src/chain/ledger-call.js'
+import { keccak256Bytes } from '../src/crypto/keccak.js'
+import { FastSigner } from '../src/crypto/secp256k1.js'
+
+const argv = process.argv.slice(2)
+const opt = (name: string, dflt: string): string => {
+  const i = argv.indexOf(`--${name}`)
+  return i >= 0 ? argv[i + 1]! : dflt
+}
+const SIZES = opt('sizes', '100,250,1000').split(',').map(Number)
+const ROUNDS = Number(opt('rounds', '5'))
+const CHAIN_ID = 31337
+
+const signerOf = (i: number): { account: ReturnType<typeof mnemonicToAccount>; fast: FastSigner } => {
+  const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: i })
+  return { account, fast: new FastSigner(`0x${Buffer.from(account.getHdKey().privateKey!).toString('hex')}`) }
+}
+const recorder = signerOf(1)
+const other = signerOf(2)
+
+const freePort = (): Promise<number> =>
+  new Promise((resolve, reject) => {
+    const s = net.createServer()
+    s.once('error', reject)
+    s.listen(0, '127.0.0.1', () => {
+      const p = (s.address() as net.AddressInfo).port
+      s.close(() => resolve(p))
+    })
+  })
+
+// two connections: the filler's, and the one that sends while anvil mines or serves receipts
+const main = new Agent({ connections: 1 })
+const side = new Agent({ connections: 1 })
+let url = ''
+let id = 1
+type Res = { result?: unknown; error?: { message: string } }
+async function batch(calls: { method: string; params: unknown[] }[], via = main): Promise<Res[]> {
+  const body = JSON.stringify(calls.map((c) => ({ jsonrpc: '2.0', id: id++, ...c })))
+  const r = await request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body, dispatcher: via })
+  const out = (await r.body.json()) as Res[]
+  const bad = out.find((x) => x.error)
+  if (bad) throw new Error(`${calls[0]!.method}: ${bad.error!.message}`)
+  return out
+}
+const call = async (method: string, params: unknown[] = [], via = main): Promise<unknown> => (await batch([{ method, params }], via))[0]!.result
+
+const sign = (by: FastSigner, nonce: number, to: Uint8Array, data: Uint8Array, gas: bigint): Hex =>
+  `0x${signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: 0n, data }, (p) => by.signDigestBytes(keccak256Bytes(p))).toString('hex')}`
+const SINK = Buffer.from('00000000000000000000000000000000000000aa', 'hex')
+
+const timed = async <T>(p: () => Promise<T>): Promise<[T, number]> => {
+  const t = performance.now()
+  const v = await p()
+  return [v, performance.now() - t]
+}
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)]!
+
+async function run(): Promise<void> {
+  const port = await freePort()
+  url = `http://127.0.0.1:${port}`
+  const args = ['--silent', '--host', '127.0.0.1', '--port', String(port), '--no-mining', '--order', 'fifo', '--chain-id', String(CHAIN_ID)]
+  args.push('--hardfork', 'prague', '--gas-limit', '100000000', '--prune-history', '32', '--transaction-block-keeper', '2')
+  const anvil: ChildProcess = spawn(anvilBinary(), args, { stdio: ['ignore', 'ignore', 'inherit'] })
+  process.on('exit', () => {
+    try {
+      process.kill(anvil.pid!, 'SIGKILL')
+    } catch {}
+  })
+  for (let i = 0; ; i++) {
+    try {
+      await call('eth_chainId')
+      break
+    } catch (e) {
+      if (i > 500) throw e
+      await sleep(20)
+    }
+  }
+  const art = JSON.parse(fs.readFileSync(new URL('../src/chain/contracts/artifacts.json', import.meta.url), 'utf8')) as { PaymentLedger: { bytecode: Hex } }
+  let nonce = 0
+  let sideNonce = 0
+  const deploy = await recorder.account.signTransaction({
+    chainId: CHAIN_ID,
+    type: 'eip1559',
+    data: art.PaymentLedger.bytecode,
+    nonce: nonce++,
+    gas: 5_000_000n,
+    maxFeePerGas: 100_000_000_000n,
+    maxPriorityFeePerGas: 1n,
+  })
+  const h = await call('eth_sendRawTransaction', [deploy])
+  await call('evm_mine')
+  const to = Buffer.from(((await call('eth_getTransactionReceipt', [h])) as { contractAddress: string }).contractAddress.slice(2), 'hex')
+  const sideSend = (): Promise<unknown> => call('eth_sendRawTransaction', [sign(other.fast, sideNonce++, SINK, new Uint8Array(), 21_000n)], side)
+  let k = 0
+  for (const size of SIZES) {
+    const got = { sendPerTxMs: [] as number[], mineMs: [] as number[], receiptsMs: [] as number[], sendDuringMineMs: [] as number[], sendDuringReceiptsMs: [] as number[] }
+    for (let round = 0; round < ROUNDS + 1; round++) {
+      const raws = Array.from({ length: size }, () => sign(recorder.fast, nonce++, to, encodeRecordCall(entryOf(k++)), 200_000n))
+      const [, sendMs] = await timed(async () => {
+        for (let j = 0; j < raws.length; j += 250) await batch(raws.slice(j, j + 250).map((raw) => ({ method: 'eth_sendRawTransaction', params: [raw] })))
+      })
+      const mine = timed(() => call('evm_mine'))
+      await sleep(2)
+      const [, duringMine] = await timed(sideSend)
+      const [, mineMs] = await mine
+      const blockNumber = ((await call('eth_getBlockByNumber', ['latest', false])) as { number: string }).number
+      const receipts = timed(() => call('eth_getBlockReceipts', [blockNumber]))
+      await sleep(2)
+      const [, duringReceipts] = await timed(sideSend)
+      const [rs, receiptsMs] = await receipts
+      if ((rs as unknown[]).length < size) throw new Error(`block ${blockNumber} holds ${(rs as unknown[]).length} receipts, not ${size}`)
+      await call('evm_mine') // the side txs
+      if (round === 0) continue // warm-up
+      got.sendPerTxMs.push(sendMs / size)
+      got.mineMs.push(mineMs)
+      got.receiptsMs.push(receiptsMs)
+      got.sendDuringMineMs.push(duringMine)
+      got.sendDuringReceiptsMs.push(duringReceipts)
+    }
+    const m = Object.fromEntries(Object.entries(got).map(([key, xs]) => [key, key === 'sendPerTxMs' ? +median(xs).toFixed(3) : +median(xs).toFixed(1)]))
+    console.log(JSON.stringify({ txsPerBlock: size, rounds: ROUNDS, median: m }))
+  }
+  process.exit(0)
+}
+
+await run()
