@@ -1,7 +1,7 @@
 import * as fs from 'node:fs'
 import { journalPath, type SnapshotMeta, writeSnapshot } from './data-dir.js'
 import type { AnvilNode } from './node.js'
-import { TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
+import { type CutDump, cutHeaders, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
 import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
 /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
@@ -125,9 +125,14 @@ export class Journal {
   async snapshot(node: AnvilNode): Promise<void> {
     const t = performance.now()
     const cpu0 = this.opts.anvilCpuMs()
-    // sends go on beside the dump (they fill the pool, which it does not hold); blocks wait
-    const state = await node.beside(() => node.dumpState(this.opts.dumpTimeoutMs))
-    const trimmed = this.trimDue(node) ? await this.trim(node, state) : undefined
+    // sends go on beside the dump (they fill the pool, which it does not hold), and beside the
+    // cutting of a due trim's dump (the reset empties the pool, and the trim sends them again); blocks wait
+    const due = this.trimDue(node)
+    const { state, cut } = await node.beside(async () => {
+      const state = await node.dumpState(this.opts.dumpTimeoutMs)
+      return { state, cut: due ? await cutHeaders(state) : undefined }
+    })
+    const trimmed = cut ? await this.trim(node, cut) : undefined
     const next = this.gen + 1
     // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
     fs.writeFileSync(journalPath(this.opts.dir, next), [...node.pending.values()].map((l) => `${l}\n`).join(''))
@@ -160,14 +165,14 @@ export class Journal {
   }
 
   /** The trimmed state to write; if anvil did not come back the same, the chain stops (a restart replays from the last snapshot). */
-  private async trim(node: AnvilNode, state: string): Promise<Buffer> {
+  private async trim(node: AnvilNode, cut: CutDump): Promise<Buffer> {
     const t = performance.now()
     try {
-      const json = await trimAnvil(node, state, this.offset)
+      const ms = await trimAnvil(node, cut, this.offset)
       this.trimmedAt = node.blocks
       this.trims++
-      this.opts.log('chain: old block headers trimmed', { blocks: node.blocks, kept: TRIM_KEEP_HEADERS, ms: Math.round(performance.now() - t) })
-      return json
+      this.opts.log('chain: old block headers trimmed', { blocks: node.blocks, kept: TRIM_KEEP_HEADERS, ms: Math.round(performance.now() - t), cutMs: cut.ms, ...ms })
+      return cut.json
     } catch (e) {
       const err = new DevnetUnavailableError(`embedded chain: trimming old headers failed (${String(e)}); restart Paygate`)
       node.fail(err)

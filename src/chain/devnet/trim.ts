@@ -34,22 +34,40 @@ export const trimSafe = (method: string): boolean =>
 
 type Dump = { blocks: { header: { number: string } }[] } & Record<string, unknown>
 
+/** A dump cut to its newest TRIM_KEEP_HEADERS headers: the JSON (the snapshot to write) and the packed form anvil loads. */
+export interface CutDump {
+  json: Buffer
+  gz: Buffer
+  /** how long the cut took (ms) */
+  ms: number
+}
+
 /**
- * On the serial queue, right after `state` (anvil's dump: hex of gzipped JSON) was taken: resets
- * anvil and loads it back with the newest TRIM_KEEP_HEADERS headers only; puts back what the
- * reset loses (the chain-time offset, the next base fee, the pool's txs, in the order they were
- * sent). Returns the trimmed state JSON (the snapshot to write). Throws if the newest block is
- * not the same afterwards: the caller must stop the chain then.
+ * Cuts `state` (anvil's dump: hex of gzipped JSON) to its newest TRIM_KEEP_HEADERS headers. Pure
+ * work in this process: sends go on beside it (see Journal.snapshot).
  */
-export async function trimAnvil(node: AnvilNode, state: string, offset: number): Promise<Buffer> {
+export async function cutHeaders(state: string): Promise<CutDump> {
+  const t = performance.now()
   const dump = JSON.parse((await gunzip(Buffer.from(state.slice(2), 'hex'))).toString('utf8')) as Dump
   dump.blocks = dump.blocks.sort((a, b) => Number(a.header.number) - Number(b.header.number)).slice(-TRIM_KEEP_HEADERS)
   const json = Buffer.from(JSON.stringify(dump))
-  const gz = await gzip(json)
+  // only for anvil to unpack at once: the fastest level (the snapshot file is packed on its own)
+  const gz = await gzip(json, { level: 1 })
+  return { json, gz, ms: Math.round(performance.now() - t) }
+}
+
+/**
+ * On the serial queue, with no block mined since `cut` was dumped: resets anvil and loads the cut
+ * dump; puts back what the reset loses (the chain-time offset, the next base fee, the pool's txs,
+ * in the order they were sent). Throws if the newest block is not the same afterwards: the caller
+ * must stop the chain then. Resolves where its time went (ms).
+ */
+export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): Promise<TrimTimes> {
+  const t1 = performance.now()
   const latest = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   const { environment } = (await node.raw('anvil_nodeInfo')) as { environment: { baseFee: string | number } }
   await node.raw('anvil_reset', [])
-  await node.raw('anvil_loadState', [`0x${gz.toString('hex')}`])
+  await node.raw('anvil_loadState', [`0x${cut.gz.toString('hex')}`])
   await node.raw('anvil_setNextBlockBaseFeePerGas', [`0x${BigInt(environment.baseFee).toString(16)}`])
   // (as a replay does: forward with evm_increaseTime, back by setting the time)
   const cur = Number(await node.raw('evm_increaseTime', [0]))
@@ -57,11 +75,22 @@ export async function trimAnvil(node: AnvilNode, state: string, offset: number):
   else if (offset < cur) await node.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + offset])
   const now = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   if (now.hash !== latest.hash) throw new Error(`embedded chain: after trimming old headers the newest block is ${now.hash}, not ${latest.hash}`)
-  // the reset emptied the pool: the txs acknowledged and not yet mined go back, in order
+  const t2 = performance.now()
+  // the reset emptied the pool: the txs acknowledged and not yet mined go back, one at a time in
+  // the order they were sent (anvil may take a pipelined run in any order, and senders differ)
+  let resent = 0
   for (const line of node.pending.values()) {
     const { m, p } = JSON.parse(line) as { m: string; p: unknown[] }
     const r = await node.ipc.call(m, JSON.stringify(p))
     if (r.error) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${r.error.message}`)
+    resent++
   }
-  return json
+  return { reloadMs: Math.round(t2 - t1), resendMs: Math.round(performance.now() - t2), resent }
+}
+
+/** Where a trim's time went, once the dump was cut: anvil's reset and load, the pool's txs sent again. */
+export interface TrimTimes {
+  reloadMs: number
+  resendMs: number
+  resent: number
 }
