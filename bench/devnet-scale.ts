@@ -4,7 +4,9 @@
  * deploys the PaymentLedger and fills it with ledger records (signed natively, sent 250 to a
  * call the way the outbox sends them, at most 1,000 unmined), printing per 10,000 records the
  * CPU of anvil (/proc/<pid>/stat) and of the worker, the longest send and snapshot hold, and
- * RSS. At the target (or the time limit) this process SIGKILLs the worker mid-traffic, starts
+ * RSS. Beside the fill a probe sends one plain transfer at a time, every 50 ms, from an account of
+ * its own: its latencies (p50, p99, max per 10,000 records) are how long the chain kept a single
+ * send waiting, its stalls. At the target (or the time limit) this process SIGKILLs the worker mid-traffic, starts
  * the chain again on its data dir (the restart a crash costs), checks that no acknowledged
  * record was lost, and checks sampled records, old ones too, from their receipts' events
  * against the contract. Loopback only; bounded in records and time.
@@ -20,6 +22,7 @@ import { fileURLToPath } from 'node:url'
 import { encodeFunctionData, type Abi, type Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { DEVNET_MNEMONIC, type Devnet, startDevnet } from '../src/chain/devnet/index.js'
+import type { DevnetLog } from '../src/chain/devnet/types.js'
 import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
@@ -44,12 +47,45 @@ const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 1 })
 const hd = account.getHdKey()
 const signer = new FastSigner(`0x${Buffer.from(hd.privateKey!).toString('hex')}`)
 
-const sign = (data: Uint8Array, to: Uint8Array, nonce: number, gas: bigint): Hex => {
-  const raw = signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: 0n, data }, (p) =>
-    signer.signDigestBytes(keccak256Bytes(p)),
-  )
+const sign = (data: Uint8Array, to: Uint8Array, nonce: number, gas: bigint, by = signer): Hex => {
+  const raw = signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: 0n, data }, (p) => by.signDigestBytes(keccak256Bytes(p)))
   return `0x${raw.toString('hex')}`
 }
+
+/** The probe: one plain transfer at a time from an account of its own, every PROBE_EVERY_MS, beside the fill. */
+const probeSigner = new FastSigner(`0x${Buffer.from(mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 2 }).getHdKey().privateKey!).toString('hex')}`)
+const PROBE_TO = Buffer.from('00000000000000000000000000000000000000aa', 'hex')
+const PROBE_EVERY_MS = 50
+
+/** A single tx's send, every PROBE_EVERY_MS: how long the chain keeps one waiting (its stalls), while the fill goes on. */
+function startProbe(d: Devnet): { take(): number[]; stop(): void } {
+  let nonce = 0
+  let busy = false
+  let ms: number[] = []
+  const timer = setInterval(() => {
+    if (busy) return
+    busy = true
+    const raw = sign(new Uint8Array(), PROBE_TO, nonce++, 21_000n, probeSigner)
+    const t = performance.now()
+    d.sendRawTransactions([raw]).then(
+      (rs) => {
+        if (!('hash' in rs[0]!)) throw new Error(`probe send refused: ${JSON.stringify(rs[0])}`)
+        ms.push(performance.now() - t)
+        busy = false
+      },
+      (e: unknown) => out({ t: 'probe-error', error: String(e) }),
+    )
+  }, PROBE_EVERY_MS)
+  return {
+    take: () => {
+      const taken = ms.sort((a, b) => a - b)
+      ms = []
+      return taken
+    },
+    stop: () => clearInterval(timer),
+  }
+}
+const pct = (xs: number[], p: number): number => Math.round(xs[Math.min(xs.length - 1, Math.floor(p * (xs.length - 1)))] ?? 0)
 
 const procCpuMs = (pid: number): number => {
   const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
@@ -77,7 +113,11 @@ async function waitReceipt(d: Devnet, hash: Hex): Promise<{ contractAddress?: He
 /** The worker: fills the chain until killed (or its own time limit). */
 async function worker(dir: string, records: number, maxS: number): Promise<void> {
   const deadline = Date.now() + maxS * 1000
-  const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0 })
+  // trims (with where their time went) and anything that went wrong, for the driver to print
+  const log: DevnetLog = (msg, fields, level) => {
+    if (msg === 'chain: old block headers trimmed' || level === 'warn' || level === 'error') out({ t: 'log', msg, ...fields })
+  }
+  const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, log })
   let nonce = 0
   // a contract creation (no `to`): signed by viem, once
   const deploy = await account.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', data: bytecode, nonce: nonce++, gas: 5_000_000n, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n })
@@ -87,6 +127,7 @@ async function worker(dir: string, records: number, maxS: number): Promise<void>
   out({ t: 'ledger', address: r.contractAddress, anvilPid: d.childPid })
   const to = Buffer.from(r.contractAddress.slice(2), 'hex')
   let acked = 0
+  const probe = startProbe(d)
   let win = { anvil: procCpuMs(d.childPid), self: selfCpuMs(), maxSendMs: 0, snaps: d.stats().snapshots ?? 0, t: performance.now() }
   while (Date.now() < deadline) {
     const raws: Hex[] = []
@@ -110,6 +151,7 @@ async function worker(dir: string, records: number, maxS: number): Promise<void>
         workerCpuMsPerRecord: +((self - win.self) / WINDOW).toFixed(4),
         recordsPerS: Math.round(WINDOW / ((performance.now() - win.t) / 1000)),
         maxSendMs: Math.round(win.maxSendMs),
+        probeSendMs: ((p) => ({ n: p.length, p50: pct(p, 0.5), p99: pct(p, 0.99), max: pct(p, 1) }))(probe.take()),
         snapshots: (s.snapshots ?? 0) - win.snaps,
         snapshotsHeldMs: newest(s.snapshotMs, (s.snapshots ?? 0) - win.snaps),
         snapshotsAnvilCpuMs: newest(s.snapshotCpuMs ?? [], (s.snapshots ?? 0) - win.snaps),
@@ -126,6 +168,7 @@ async function worker(dir: string, records: number, maxS: number): Promise<void>
       await new Promise((res) => setTimeout(res, 20))
     }
   }
+  probe.stop()
   out({ t: 'timeout', n: acked })
 }
 
@@ -162,7 +205,8 @@ async function driver(records: number, maxS: number): Promise<void> {
     } else if (l.t === 'acked') {
       acked = l.n!
       if (l.sample) samples.push({ hash: l.sample, i: l.i! })
-    } else if (l.t === 'window') {
+    } else if (l.t === 'probe-error' || l.t === 'log') console.log(JSON.stringify(l))
+    else if (l.t === 'window') {
       windows.push(l)
       console.log(`${l.n} records (${Math.round((Date.now() - t0) / 1000)} s): ${JSON.stringify(l)}`)
     }
@@ -185,7 +229,14 @@ async function driver(records: number, maxS: number): Promise<void> {
   const rssAfterRestart = { node: Math.round(process.memoryUsage().rss / 2 ** 20), anvil: Math.round(rssMb(d.childPid)) }
   const call = async (functionName: string, args: unknown[] = []): Promise<Hex> =>
     (await d.request({ method: 'eth_call', params: [{ to: ledger, data: encodeFunctionData({ abi, functionName, args }) }, 'latest'] })) as Hex
-  const count = Number(BigInt(await call('count')))
+  // what the journal held unmined at the kill is sent again by the replay and mined in the next block
+  let count = Number(BigInt(await call('count')))
+  const minedBy = Date.now() + 10_000
+  while (count < acked && Date.now() < minedBy) {
+    await new Promise((r) => setTimeout(r, 50))
+    count = Number(BigInt(await call('count')))
+  }
+  const minedAfterRestartMs = Math.round(performance.now() - t) - restartMs
   // every sampled record, the oldest first: its receipt (from anvil or the archive) holds the event, whose digest the contract computes alike
   const { recordedEvents, recordDigest } = await import('../src/chain/ledger-verify.js')
   let verified = 0
@@ -206,6 +257,7 @@ async function driver(records: number, maxS: number): Promise<void> {
   const maxHeld = Math.max(0, ...windows.flatMap((w) => w.snapshotsHeldMs as number[]))
   const maxHeldCpu = Math.max(0, ...windows.flatMap((w) => w.snapshotsAnvilCpuMs as number[]))
   const maxSend = Math.max(0, ...windows.map((w) => w.maxSendMs as number))
+  const probes = windows.map((w) => w.probeSendMs as { p99: number; max: number })
   const rssAt = (n: number): unknown => windows.find((w) => w.n === n)?.rssMb
   const result = {
     recordsAcked: acked,
@@ -218,9 +270,11 @@ async function driver(records: number, maxS: number): Promise<void> {
     maxSnapshotHeldMs: maxHeld,
     maxSnapshotAnvilCpuMs: maxHeldCpu,
     maxSendMs: maxSend,
+    probeSendMs: { worstP99: Math.max(0, ...probes.map((p) => p.p99)), max: Math.max(0, ...probes.map((p) => p.max)) },
     rssMbAt100k: rssAt(100_000),
     rssMbAtEnd: last?.rssMb,
     restartAfterSigkillMs: restartMs,
+    allMinedAfterRestartMs: minedAfterRestartMs,
     rssAfterRestartMb: rssAfterRestart,
     samplesVerified: `${verified}/${samples.length}`,
   }
