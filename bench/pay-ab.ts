@@ -65,7 +65,11 @@ export async function benchPayAb(opts: { rounds: number; calls: number }): Promi
   if (!baseDir) throw new Error('pay-ab needs BENCH_AB_BASE=<the checkout to compare with>')
   const { spawnGateway: spawnBase } = (await import(resolve(baseDir, 'test/helpers/process.ts'))) as { spawnGateway: Spawn }
   const payTo = privateKeyToAccount(generatePrivateKey()).address
+  // Both trees run from their sources, alike (the other checkout's build may be stale or absent).
+  const built = process.env.PAYGATE_SPAWN_BUILT
+  delete process.env.PAYGATE_SPAWN_BUILT
   const sides = { base: await side(spawnBase, payTo, opts.calls), this: await side(spawnGateway, payTo, opts.calls) }
+  if (built !== undefined) process.env.PAYGATE_SPAWN_BUILT = built
   for (const s of Object.values(sides)) await throughput(4, 1500, 60_000, s.paid) // warm-up: JIT, pools, caches
   const got = { base: { one: [] as number[], many: [] as number[] }, this: { one: [] as number[], many: [] as number[] } }
   for (let r = 0; r < opts.rounds; r++) {

@@ -28,8 +28,22 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
     },
     [],
     gatewayNodeArgs(),
-    false,
+    true,
   )
+  // A run that fails leaves no gateway or merchant behind, and shows what the gateway warned of last.
+  let merchantProc: { kill(signal: NodeJS.Signals): boolean } | undefined
+  const onExit = (code: number): void => {
+    if (code)
+      console.error(
+        `the gateway's last warnings and errors:\n${gw.stdout
+          .filter((l) => /^\{"level":"(warn|error)"/.test(l))
+          .slice(-10)
+          .join('\n')}`,
+      )
+    gw.proc.kill('SIGKILL')
+    merchantProc?.kill('SIGKILL')
+  }
+  process.once('exit', onExit)
   const accountKey = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(gw.url, 'GET', '/v1/chain', accountKey)).body
   const chain = createPublicClient({ transport: http(info.rpcUrl) })
@@ -38,6 +52,7 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
 
   // The merchant runs in its own process too, so the floor and the paid path cross the same process boundaries.
   const { proc: merchant, url: murl } = await spawnServer('./x402-merchant.ts', { BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo })
+  merchantProc = merchant
 
   const CALLERS = 16
   for (let i = 0; i < CALLERS; i++) {
@@ -144,5 +159,6 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
     )
     await again.stop()
   }
+  process.off('exit', onExit)
   rmSync(dataDir, { recursive: true, force: true })
 }

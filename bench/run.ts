@@ -20,6 +20,9 @@ function benchDevnet(): Promise<void> {
   return Promise.resolve()
 }
 
+/** The benchmarks that start gateways with `spawnGateway` (test/helpers/process.ts). */
+const BUILT = new Set(['pay', 'proxy', 'peers', 'alerts', 'replicas'])
+
 const benches: Record<string, () => Promise<void>> = {
   pay: () => benchPay({ sequential: 2000, concurrent: 20_000, maxMs: 20_000 }),
   proxy: () => benchProxy({ count: 30_000, maxMs: 10_000 }),
@@ -59,7 +62,15 @@ const onRequest: Record<string, () => Promise<void>> = {
 }
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))
-for (const name of wanted.length ? wanted : Object.keys(benches)) {
+const names = wanted.length ? wanted : Object.keys(benches)
+// Gateways are measured as `npm start` runs them: built (tsc), not through tsx. pay-ab runs
+// both trees from their sources, alike; BENCH_SOURCE=1 runs the others from source too.
+if (process.env.BENCH_SOURCE !== '1' && names.some((n) => BUILT.has(n))) {
+  const b = spawnSync('npm', ['run', '--silent', 'build:server'], { stdio: 'inherit' })
+  if (b.status !== 0) throw new Error('building the gateway failed')
+  process.env.PAYGATE_SPAWN_BUILT = '1'
+}
+for (const name of names) {
   const b = benches[name] ?? onRequest[name]
   if (!b) {
     console.error(`unknown benchmark ${name}; known: ${[...Object.keys(benches), ...Object.keys(onRequest)].join(', ')}`)
