@@ -13,7 +13,6 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process'
 import * as fs from 'node:fs'
-import * as net from 'node:net'
 import { Agent, request } from 'undici'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
@@ -24,6 +23,7 @@ import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
+import { freePort } from '../test/helpers/ports.js'
 
 const argv = process.argv.slice(2)
 const opt = (name: string, dflt: string): string => {
@@ -40,16 +40,6 @@ const signerOf = (i: number): { account: ReturnType<typeof mnemonicToAccount>; f
 }
 const recorder = signerOf(1)
 const other = signerOf(2)
-
-const freePort = (): Promise<number> =>
-  new Promise((resolve, reject) => {
-    const s = net.createServer()
-    s.once('error', reject)
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as net.AddressInfo).port
-      s.close(() => resolve(p))
-    })
-  })
 
 // two connections: the filler's, and the one that sends while anvil mines or serves receipts
 const main = new Agent({ connections: 1 })

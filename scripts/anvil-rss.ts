@@ -16,7 +16,6 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process'
 import * as fs from 'node:fs'
-import * as net from 'node:net'
 import type { Abi, Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { anvilBinary } from '../src/chain/devnet/anvil.js'
@@ -26,6 +25,7 @@ import { encodeRecordCall } from '../src/chain/ledger-call.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
 import { entryOf } from '../bench/ledger-entries.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
+import { freePort } from '../test/helpers/ports.js'
 
 const argv = process.argv.slice(2)
 const opt = (name: string, dflt: string): string => {
@@ -49,16 +49,6 @@ const CHAIN_ID = 31337
 
 const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 1 })
 const signer = new FastSigner(`0x${Buffer.from(account.getHdKey().privateKey!).toString('hex')}`)
-
-const freePort = (): Promise<number> =>
-  new Promise((resolve, reject) => {
-    const s = net.createServer()
-    s.once('error', reject)
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as net.AddressInfo).port
-      s.close(() => resolve(p))
-    })
-  })
 
 const status = (pid: number): { rssKb: number; anonKb: number } => {
   const t = fs.readFileSync(`/proc/${pid}/status`, 'utf8')

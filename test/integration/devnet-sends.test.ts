@@ -16,6 +16,14 @@ const CHAIN_ID = 31337
 /** A chain's data dir and one for a copy of its files, removed after the test. */
 const dirs = (t: Test): { dir: string; copy: string } => ({ dir: testDir(t, 'paygate-devnet-'), copy: testDir(t, 'paygate-devnet-copy-') })
 const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000 })
+/** What a SIGKILL leaves with no snapshot taken: the chain's identity and its journals, copied to `copy`. */
+const copyJournals = (dir: string, copy: string): void => {
+  mkdirSync(copy, { recursive: true })
+  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+}
+/** The hashes of blocks 1 to `latest`. */
+const blocksOf = (c: Devnet, latest: number): Promise<string[]> =>
+  Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))
 
 t.test('one round trip for a run of transactions; a chain replayed from the journal has the same blocks', async (t) => {
   const { dir, copy } = dirs(t)
@@ -45,17 +53,14 @@ t.test('one round trip for a run of transactions; a chain replayed from the jour
     'every transaction mined',
   )
   const latest = Number(await chain.request({ method: 'eth_blockNumber' }))
-  const blocksOf = async (c: Devnet): Promise<string[]> =>
-    Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))
-  const blocks = await blocksOf(chain)
+  const blocks = await blocksOf(chain, latest)
 
   // What a SIGKILL leaves: the chain's identity and its journal, no snapshot.
-  mkdirSync(copy, { recursive: true })
-  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  copyJournals(dir, copy)
   const replayed = await open(copy)
   t.teardown(() => replayed.close())
   t.ok(replayed.stats().replayed >= 21, `journal entries replayed: ${replayed.stats().replayed}`)
-  t.same(await blocksOf(replayed), blocks, 'same block hashes')
+  t.same(await blocksOf(replayed, latest), blocks, 'same block hashes')
   const balance = (await replayed.request({ method: 'eth_getBalance', params: [recipient(19), 'latest'] })) as Hex
   t.equal(BigInt(balance), 20n)
 })
@@ -74,8 +79,7 @@ t.test('a transaction waiting behind a nonce gap survives a replay and the snaps
   // nonce 3 is missing: nonce 4 waits in the pool
   const waiting = (await chain.request({ method: 'eth_sendRawTransaction', params: [await tx(4)] })) as Hex
   await chain.request({ method: 'evm_mine' }) // a block after it, which it is not in
-  mkdirSync(copy, { recursive: true })
-  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  copyJournals(dir, copy)
   await chain.close()
 
   // replayed from the journal (as after a SIGKILL), then closed: the snapshot holds no pool,
@@ -163,12 +167,9 @@ t.test('a long send is mined in blocks of at most FULL_BLOCK_TXS; a replay has t
   )
 
   const latest = Number(await chain.request({ method: 'eth_blockNumber' }))
-  const blocksOf = async (c: Devnet): Promise<string[]> =>
-    Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))
-  const blocks = await blocksOf(chain)
-  mkdirSync(copy, { recursive: true })
-  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  const blocks = await blocksOf(chain, latest)
+  copyJournals(dir, copy)
   const replayed = await open(copy)
   t.teardown(() => replayed.close())
-  t.same(await blocksOf(replayed), blocks, 'same block hashes after a replay of the journal')
+  t.same(await blocksOf(replayed, latest), blocks, 'same block hashes after a replay of the journal')
 })
