@@ -12,7 +12,6 @@
  * Loopback only; bounded by sizes x rounds. Only the anvil this script starts is killed, by its pid.
  */
 import { type ChildProcess, spawn } from 'node:child_process'
-import * as fs from 'node:fs'
 import { Agent, request } from 'undici'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
@@ -23,6 +22,7 @@ import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
+import { anvilAnswers, deployLedger } from './bare-anvil.js'
 import { freePort } from '../test/helpers/ports.js'
 
 const argv = process.argv.slice(2)
@@ -80,30 +80,10 @@ async function run(): Promise<void> {
       process.kill(anvil.pid!, 'SIGKILL')
     } catch {}
   })
-  for (let i = 0; ; i++) {
-    try {
-      await call('eth_chainId')
-      break
-    } catch (e) {
-      if (i > 500) throw e
-      await sleep(20)
-    }
-  }
-  const art = JSON.parse(fs.readFileSync(new URL('../src/chain/contracts/artifacts.json', import.meta.url), 'utf8')) as { PaymentLedger: { bytecode: Hex } }
+  await anvilAnswers(call)
   let nonce = 0
   let sideNonce = 0
-  const deploy = await recorder.account.signTransaction({
-    chainId: CHAIN_ID,
-    type: 'eip1559',
-    data: art.PaymentLedger.bytecode,
-    nonce: nonce++,
-    gas: 5_000_000n,
-    maxFeePerGas: 100_000_000_000n,
-    maxPriorityFeePerGas: 1n,
-  })
-  const h = await call('eth_sendRawTransaction', [deploy])
-  await call('evm_mine')
-  const to = Buffer.from(((await call('eth_getTransactionReceipt', [h])) as { contractAddress: string }).contractAddress.slice(2), 'hex')
+  const to = await deployLedger(call, recorder.account, CHAIN_ID, nonce++)
   const sideSend = (): Promise<unknown> => call('eth_sendRawTransaction', [sign(other.fast, sideNonce++, SINK, new Uint8Array(), 21_000n)], side)
   let k = 0
   for (const size of SIZES) {

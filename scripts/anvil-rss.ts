@@ -16,7 +16,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process'
 import * as fs from 'node:fs'
-import type { Abi, Hex } from 'viem'
+import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { anvilBinary } from '../src/chain/devnet/anvil.js'
 import { DEVNET_MNEMONIC } from '../src/chain/devnet/index.js'
@@ -25,6 +25,7 @@ import { encodeRecordCall } from '../src/chain/ledger-call.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
 import { entryOf } from '../bench/ledger-entries.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
+import { anvilAnswers, deployLedger } from './bare-anvil.js'
 import { freePort } from '../test/helpers/ports.js'
 
 const argv = process.argv.slice(2)
@@ -132,34 +133,11 @@ async function main(): Promise<void> {
   }
   process.on('exit', stop)
   try {
-    for (let i = 0; ; i++) {
-      try {
-        await call('eth_chainId')
-        break
-      } catch (e) {
-        if (i > 500) throw e
-        await new Promise((r) => setTimeout(r, 20))
-      }
-    }
+    await anvilAnswers(call)
     const deadline = Date.now() + MAX_S * 1000
     let nonce = 0
     let to = SINK as Uint8Array
-    if (KIND === 'ledger') {
-      const art = JSON.parse(fs.readFileSync(new URL('../src/chain/contracts/artifacts.json', import.meta.url), 'utf8')) as { PaymentLedger: { abi: Abi; bytecode: Hex } }
-      const deploy = await account.signTransaction({
-        chainId: CHAIN_ID,
-        type: 'eip1559',
-        data: art.PaymentLedger.bytecode,
-        nonce: nonce++,
-        gas: 5_000_000n,
-        maxFeePerGas: 100_000_000_000n,
-        maxPriorityFeePerGas: 1n,
-      })
-      const h = (await call('eth_sendRawTransaction', [deploy])) as Hex
-      await call('evm_mine')
-      const r = (await call('eth_getTransactionReceipt', [h])) as { contractAddress: Hex }
-      to = Buffer.from(r.contractAddress.slice(2), 'hex')
-    }
+    if (KIND === 'ledger') to = await deployLedger(call, account, CHAIN_ID, nonce++)
     const s0 = status(pid)
     console.log(
       JSON.stringify({
