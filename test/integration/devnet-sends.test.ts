@@ -16,6 +16,15 @@ const CHAIN_ID = 31337
 /** A chain's data dir and one for a copy of its files, removed after the test. */
 const dirs = (t: Test): { dir: string; copy: string } => ({ dir: testDir(t, 'paygate-devnet-'), copy: testDir(t, 'paygate-devnet-copy-') })
 const open = (dataDir: string): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000 })
+/** Plain transfers signed by devnet account `index`, nonce n paying n + 1 wei to its own recipient (`0x<byte x 18><n>`). */
+const transfers = (index: number, byte: string) => {
+  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: index })
+  const recipient = (nonce: number): Hex => `0x${byte.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
+  const txOn = (chainId: number, nonce: number): Promise<Hex> =>
+    from.signTransaction({ chainId, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  // (one parameter: tx is passed to map)
+  return { recipient, txOn, tx: (nonce: number): Promise<Hex> => txOn(CHAIN_ID, nonce) }
+}
 /** What a SIGKILL leaves with no snapshot taken: the chain's identity and its journals, copied to `copy`. */
 const copyJournals = (dir: string, copy: string): void => {
   mkdirSync(copy, { recursive: true })
@@ -29,14 +38,11 @@ t.test('one round trip for a run of transactions; a chain replayed from the jour
   const { dir, copy } = dirs(t)
   const chain = await open(dir)
   t.teardown(() => chain.close())
-  const from = mnemonicToAccount(DEVNET_MNEMONIC)
   // plain accounts (low addresses are precompiles)
-  const recipient = (nonce: number): Hex => `0x${'aa'.repeat(19)}${nonce.toString(16).padStart(2, '0')}`
-  const tx = (nonce: number, chainId = CHAIN_ID): Promise<Hex> =>
-    from.signTransaction({ chainId, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const { recipient, tx, txOn } = transfers(0, 'aa')
   const raws = await Promise.all(Array.from({ length: 20 }, (_, i) => tx(i)))
   // signed for another chain: the node refuses it, and only it (anvil takes a run in any order)
-  const foreign = await tx(20, CHAIN_ID + 1)
+  const foreign = await txOn(CHAIN_ID + 1, 20)
 
   const results = await chain.sendRawTransactions([...raws, foreign])
   t.equal(results.length, 21)
@@ -67,10 +73,7 @@ t.test('one round trip for a run of transactions; a chain replayed from the jour
 
 t.test('a transaction waiting behind a nonce gap survives a replay and the snapshot after it', async (t) => {
   const { dir, copy } = dirs(t)
-  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 2 })
-  const recipient = (nonce: number): Hex => `0x${'bb'.repeat(19)}${nonce.toString(16).padStart(2, '0')}`
-  const tx = (nonce: number): Promise<Hex> =>
-    from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const { recipient, tx } = transfers(2, 'bb')
   const balance = async (c: Devnet, nonce: number): Promise<bigint> => BigInt((await c.request({ method: 'eth_getBalance', params: [recipient(nonce), 'latest'] })) as Hex)
 
   const chain = await open(dir)
@@ -98,10 +101,7 @@ t.test('a transaction waiting behind a nonce gap survives a replay and the snaps
 
 t.test('sends go on while anvil dumps a snapshot; a restart from that snapshot has them, in the same blocks', async (t) => {
   const { dir, copy } = dirs(t)
-  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 3 })
-  const recipient = (nonce: number): Hex => `0x${'cc'.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
-  const tx = (nonce: number): Promise<Hex> =>
-    from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const { recipient, tx } = transfers(3, 'cc')
   const mined = (c: Devnet, hashes: string[]): Promise<{ status: Hex; blockHash: Hex }[]> =>
     Promise.all(hashes.map((h) => c.request({ method: 'eth_getTransactionReceipt', params: [h] }))) as Promise<{ status: Hex; blockHash: Hex }[]>
   const hashesOf = (rs: Awaited<ReturnType<Devnet['sendRawTransactions']>>): string[] => rs.map((r) => ('hash' in r ? r.hash : 'refused'))
@@ -144,10 +144,7 @@ t.test('sends go on while anvil dumps a snapshot; a restart from that snapshot h
 
 t.test('a long send is mined in blocks of at most FULL_BLOCK_TXS; a replay has the same blocks', async (t) => {
   const { dir, copy } = dirs(t)
-  const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 4 })
-  const recipient = (nonce: number): Hex => `0x${'dd'.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
-  const tx = (nonce: number): Promise<Hex> =>
-    from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+  const { tx } = transfers(4, 'dd')
   const chain = await open(dir)
   t.teardown(() => chain.close())
   const count = 2 * FULL_BLOCK_TXS + 44
