@@ -134,7 +134,7 @@ export class Miner {
     const node = this.node
     if (!this.automine || node.closed || node.dead) return
     const { blockTimeMs } = this.opts
-    const full = node.pending.size >= FULL_BLOCK_TXS
+    const full = this.full()
     if (this.mineTimer && !(full && this.mineDueAt - Date.now() > MIN_BLOCK_GAP_MS)) return
     clearTimeout(this.mineTimer)
     const gap = full ? MIN_BLOCK_GAP_MS : this.lastBlockTxs <= 2 ? Math.min(blockTimeMs, Math.max(MIN_BLOCK_GAP_MS, 2 * this.mineMs)) : blockTimeMs
