@@ -17,6 +17,7 @@ import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { entryOf } from '../bench/ledger-entries.js'
 import { anvilBinary } from '../src/chain/devnet/anvil.js'
+import { NEW_CHAIN_HARDFORK } from '../src/chain/devnet/data-dir.js'
 import { DEVNET_MNEMONIC } from '../src/chain/devnet/index.js'
 import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
@@ -73,7 +74,7 @@ async function run(): Promise<void> {
   const port = await freePort()
   url = `http://127.0.0.1:${port}`
   const args = ['--silent', '--host', '127.0.0.1', '--port', String(port), '--no-mining', '--order', 'fifo', '--chain-id', String(CHAIN_ID)]
-  args.push('--hardfork', 'prague', '--gas-limit', '100000000', '--prune-history', '32', '--transaction-block-keeper', '2')
+  args.push('--hardfork', NEW_CHAIN_HARDFORK, '--gas-limit', '100000000', '--prune-history', '32', '--transaction-block-keeper', '2')
   const anvil: ChildProcess = spawn(anvilBinary(), args, { stdio: ['ignore', 'ignore', 'inherit'] })
   process.on('exit', () => {
     try {

@@ -19,6 +19,7 @@ import * as fs from 'node:fs'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { anvilBinary } from '../src/chain/devnet/anvil.js'
+import { NEW_CHAIN_HARDFORK } from '../src/chain/devnet/data-dir.js'
 import { DEVNET_MNEMONIC } from '../src/chain/devnet/index.js'
 import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
@@ -118,7 +119,7 @@ async function main(): Promise<void> {
   const port = await freePort()
   url = `http://127.0.0.1:${port}`
   const args = ['--silent', '--host', '127.0.0.1', '--port', String(port), '--no-mining', '--order', ORDER, '--chain-id', String(CHAIN_ID)]
-  args.push('--hardfork', 'prague', '--gas-limit', '100000000')
+  args.push('--hardfork', NEW_CHAIN_HARDFORK, '--gas-limit', '100000000')
   // none: anvil's default (500 states in memory, more on disk); bare: the flag without a value (no states kept)
   if (PRUNE === 'bare') args.push('--prune-history')
   else if (PRUNE !== 'none') args.push('--prune-history', PRUNE)

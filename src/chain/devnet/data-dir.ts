@@ -11,6 +11,15 @@ import type { DevnetLog } from './types.js'
 
 const gunzip = promisify(zlib.gunzip)
 
+/**
+ * The rules a new chain runs under (its data dir keeps them for good). Cancun, not Prague:
+ * Prague's EIP-2935 keeps every parent hash in a ring of 8,191 storage slots that anvil
+ * rehashes at each block, so an empty block cost ~11 ms of anvil CPU at 8k blocks instead of
+ * ~0.7, and the ring tripled every dump and load (docs/devnet.md "At scale"). Paygate's
+ * contracts are built for Paris; nothing here uses what Prague added.
+ */
+export const NEW_CHAIN_HARDFORK = 'cancun'
+
 interface ChainMeta {
   format: 1
   engine: 'anvil'
@@ -69,7 +78,7 @@ export function openDataDir(dir: string, chainId: number, log: DevnetLog): { met
       throw new Error(`embedded chain: ${dir} holds chain id ${meta.chainId}, not ${chainId} (use another data dir or the old chain id)`)
     }
   } else {
-    meta = { format: 1, engine: 'anvil', chainId, genesisTime: Math.floor(Date.now() / 1000), hardfork: 'prague' }
+    meta = { format: 1, engine: 'anvil', chainId, genesisTime: Math.floor(Date.now() / 1000), hardfork: NEW_CHAIN_HARDFORK }
     fs.writeFileSync(`${metaFile}.tmp`, JSON.stringify(meta))
     fs.renameSync(`${metaFile}.tmp`, metaFile)
   }
