@@ -5,6 +5,7 @@
  *   node scripts/cpuprofile.mjs <file> [top] [N]       self and inclusive ms by function and by file/package
  *   node scripts/cpuprofile.mjs <file> owners [dir]    busy time charged to the leaf-most frame in src/ (by file, or by folder)
  *   node scripts/cpuprofile.mjs <file> callers <text>  the stacks above functions whose name or file contains <text>
+ *                                                     (6 frames each; DEPTH=<n> for more)
  *
  * Times are the profile's sample intervals: on a loaded machine they include moments the
  * process was not running, so compare shares within one profile rather than absolute ms.
@@ -94,7 +95,7 @@ if (mode === 'top') {
     add(
       paths,
       stack
-        .slice(at, at + 6)
+        .slice(at, at + Number(process.env.DEPTH ?? 6))
         .map(fnKey)
         .join('\n      <- '),
       ms,
