@@ -1,7 +1,7 @@
 import * as fs from 'node:fs'
 import { journalPath, type SnapshotMeta, writeSnapshot } from './data-dir.js'
 import type { AnvilNode } from './node.js'
-import { type CutDump, cutHeaders, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
+import { type CutDump, HeaderCut, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
 import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
 /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
@@ -127,11 +127,13 @@ export class Journal {
     const cpu0 = this.opts.anvilCpuMs()
     // sends go on beside the dump (they fill the pool, which it does not hold), and beside the
     // cutting of a due trim's dump (the reset empties the pool, and the trim sends them again); blocks wait
-    const due = this.trimDue(node)
-    const { state, cut } = await node.beside(async () => {
-      const state = await node.dumpState(this.opts.dumpTimeoutMs)
-      return { state, cut: due ? await cutHeaders(state) : undefined }
-    })
+    const cutter = this.trimDue(node) ? new HeaderCut() : undefined
+    const { state, cut } = await node
+      .beside(async () => {
+        const state = await node.dumpState(this.opts.dumpTimeoutMs)
+        return { state, cut: await cutter?.cut(state) }
+      })
+      .finally(() => cutter?.close())
     const trimmed = cut ? await this.trim(node, cut) : undefined
     const next = this.gen + 1
     // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)

@@ -1,5 +1,4 @@
-import { promisify } from 'node:util'
-import * as zlib from 'node:zlib'
+import { Worker } from 'node:worker_threads'
 import type { AnvilNode } from './node.js'
 
 // Why (issue 28, docs/devnet.md "At scale"): anvil keeps every block header it ever mined and
@@ -10,9 +9,6 @@ import type { AnvilNode } from './node.js'
 // newest block (same hash) come back, older headers are gone (their receipts stay in the
 // receipt archive). The trimmed dump is the snapshot written, so a restart starts from exactly
 // what the live chain holds.
-
-const gunzip = promisify(zlib.gunzip)
-const gzip = promisify(zlib.gzip)
 
 /** Headers kept by a trim: BLOCKHASH reaches the newest 256 blocks. */
 export const TRIM_KEEP_HEADERS = 256
@@ -32,8 +28,6 @@ export const TRIM_EVERY_BLOCKS = 512
 export const trimSafe = (method: string): boolean =>
   /^(eth_sendRawTransaction|eth_sendTransaction|evm_mine|anvil_mine|hardhat_mine|evm_increaseTime|anvil_increaseTime|evm_setNextBlockTimestamp|anvil_setNextBlockTimestamp)$/.test(method)
 
-type Dump = { blocks: { header: { number: string } }[] } & Record<string, unknown>
-
 /** A dump cut to its newest TRIM_KEEP_HEADERS headers: the JSON (the snapshot to write) and the packed form anvil loads. */
 export interface CutDump {
   json: Buffer
@@ -42,18 +36,51 @@ export interface CutDump {
   ms: number
 }
 
-/**
- * Cuts `state` (anvil's dump: hex of gzipped JSON) to its newest TRIM_KEEP_HEADERS headers. Pure
- * work in this process: sends go on beside it (see Journal.snapshot).
- */
-export async function cutHeaders(state: string): Promise<CutDump> {
-  const t = performance.now()
-  const dump = JSON.parse((await gunzip(Buffer.from(state.slice(2), 'hex'))).toString('utf8')) as Dump
-  dump.blocks = dump.blocks.sort((a, b) => Number(a.header.number) - Number(b.header.number)).slice(-TRIM_KEEP_HEADERS)
+// The cut parses and writes a few MB of JSON: on Paygate's thread that held its event loop (paid
+// calls, and the sends that go on beside the cut) for tens of ms at each trim, so it runs on a
+// thread of its own. Plain JavaScript, so it runs alike built and from source. Packed at gzip's
+// fastest level: only anvil unpacks it (the snapshot file is packed on its own).
+const CUT_THREAD = `
+const { parentPort } = require('node:worker_threads')
+const zlib = require('node:zlib')
+parentPort.once('message', ({ state, keep }) => {
+  const dump = JSON.parse(zlib.gunzipSync(Buffer.from(state.slice(2), 'hex')).toString('utf8'))
+  dump.blocks = dump.blocks.sort((a, b) => Number(a.header.number) - Number(b.header.number)).slice(-keep)
   const json = Buffer.from(JSON.stringify(dump))
-  // only for anvil to unpack at once: the fastest level (the snapshot file is packed on its own)
-  const gz = await gzip(json, { level: 1 })
-  return { json, gz, ms: Math.round(performance.now() - t) }
+  parentPort.postMessage({ json, gz: zlib.gzipSync(json, { level: 1 }) })
+  parentPort.close()
+})
+`
+
+/**
+ * A thread that cuts one dump (anvil's: hex of gzipped JSON) to its newest TRIM_KEEP_HEADERS
+ * headers. Start it before the dump, so its start-up (~40 ms) goes on beside the dump; `close`
+ * it when done either way.
+ */
+export class HeaderCut {
+  private readonly thread = new Worker(CUT_THREAD, { eval: true })
+  private readonly done: Promise<{ json: Uint8Array; gz: Uint8Array }>
+
+  constructor() {
+    this.thread.unref()
+    this.done = new Promise((resolve, reject) => {
+      this.thread.once('message', resolve)
+      this.thread.once('error', reject)
+      this.thread.once('exit', (code) => reject(new Error(`embedded chain: the header cut's thread exited (${code}) without a result`)))
+    })
+    this.done.catch(() => {}) // (read by cut(); one never asked for must not be an unhandled rejection)
+  }
+
+  async cut(state: string): Promise<CutDump> {
+    const t = performance.now()
+    this.thread.postMessage({ state, keep: TRIM_KEEP_HEADERS })
+    const { json, gz } = await this.done
+    return { json: Buffer.from(json.buffer, json.byteOffset, json.byteLength), gz: Buffer.from(gz.buffer, gz.byteOffset, gz.byteLength), ms: Math.round(performance.now() - t) }
+  }
+
+  close(): void {
+    void this.thread.terminate()
+  }
 }
 
 /**
