@@ -62,7 +62,6 @@ export class HeaderCut {
   private readonly done: Promise<{ json: Uint8Array; gz: Uint8Array }>
 
   constructor() {
-    this.thread.unref()
     this.done = new Promise((resolve, reject) => {
       this.thread.once('message', resolve)
       this.thread.once('error', reject)
