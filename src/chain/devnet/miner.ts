@@ -116,9 +116,12 @@ export class Miner {
    */
   private async mineQueued(): Promise<number> {
     const n = await this.mine()
-    if (this.journal.tail.costMs > this.journal.tailBudgetMs()) this.queueSnapshot(() => this.journal.tail.costMs > this.journal.tailBudgetMs())
+    if (this.tailOverBudget()) this.queueSnapshot(this.tailOverBudget)
     return n
   }
+
+  /** Replaying the journal's tail would take the restart past its budget. */
+  private readonly tailOverBudget = (): boolean => this.journal.tail.costMs > this.journal.tailBudgetMs()
 
   /** A snapshot on the serial queue, unless one is queued already; `still()` checked in its turn. */
   private queueSnapshot(still: () => boolean): void {
