@@ -23,10 +23,12 @@ const parentOf = new Map()
 for (const n of profile.nodes) for (const c of n.children ?? []) parentOf.set(c, n.id)
 
 const short = (url) => (url || '').replace(/^file:\/\//, '').replace(/.*node_modules\//, 'nm:')
-const srcPath = (url) => /\/(src\/.*)$/.exec(url || '')?.[1]
-const fnKey = (n) => `${n.callFrame.functionName || '(anon)'} ${short(n.callFrame.url).replace(/.*\/src\//, 'src/')}:${n.callFrame.lineNumber + 1}`
+// The built tree (dist/, as `npm start` and the benchmarks run) counts as src/.
+const srcPath = (url) => (/node_modules/.test(url || '') ? undefined : /\/(?:src|dist)\/(.*)$/.exec(url || '')?.[1]?.replace(/^/, 'src/'))
+const srcish = (u) => u.replace(/^(?!nm:).*\/(?:src|dist)\//, 'src/')
+const fnKey = (n) => `${n.callFrame.functionName || '(anon)'} ${srcish(short(n.callFrame.url))}:${n.callFrame.lineNumber + 1}`
 const fileKey = (n) => {
-  const u = short(n.callFrame.url).replace(/.*\/src\//, 'src/')
+  const u = srcish(short(n.callFrame.url))
   if (!u) return `(${n.callFrame.functionName})`
   return /^nm:((@[^/]+\/)?[^/]+)/.exec(u)?.[0] ?? u
 }
