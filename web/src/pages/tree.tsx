@@ -89,7 +89,7 @@ export function TreePage({ tx }: { tx: string | undefined }) {
       {tree.data ? (
         <section aria-labelledby="tree-h" class="card">
           <h2 id="tree-h">
-            Total {usdc(tree.data.totalCost)} in {tree.data.txCount} payment(s) below the root
+            Total {usdc(tree.data.totalCost)}: the root and {tree.data.txCount} payment(s) below it
           </h2>
           {tree.data.truncated ? <p class="notice">The tree is larger than shown (truncated).</p> : null}
           <ul class="tree" data-testid="tree">
