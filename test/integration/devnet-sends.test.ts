@@ -142,46 +142,6 @@ t.test('sends go on while anvil dumps a snapshot; a restart from that snapshot h
   t.equal(BigInt((await restarted.request({ method: 'eth_getBalance', params: [recipient(319), 'latest'] })) as Hex), 320n)
 })
 
-t.test('a send made while a snapshot waits its turn goes beside its dump, not behind the whole snapshot; a restart has it in the same block', async (t) => {
-  const { dir, copy } = dirs(t)
-  const { recipient, tx } = transfers(5, 'ee')
-  const chain = await open(dir)
-  const before = await chain.sendRawTransactions(await Promise.all(Array.from({ length: 50 }, (_, i) => tx(i))))
-  await Promise.all(before.map((r) => chain.request({ method: 'eth_getTransactionReceipt', params: ['hash' in r ? r.hash : '0x'] })))
-  const late = await Promise.all(Array.from({ length: 5 }, (_, i) => tx(50 + i)))
-
-  // A block takes the queue, the snapshot is queued behind it, then the send comes: all in one turn of the event loop.
-  const block = chain.request({ method: 'evm_mine' })
-  const snapshot = chain.snapshot()
-  const sending = chain.sendRawTransactions(late)
-  t.notOk(chain.stats().dumping, 'the dump had not started when the send came')
-  const sent = await sending
-  await Promise.all([block, snapshot])
-  t.equal(chain.stats().sentBesideDumps, 1, 'the send was held for the dump and went beside it')
-  const hashes = sent.map((r) => ('hash' in r ? r.hash : 'refused'))
-  t.notOk(hashes.includes('refused'), 'every send answered with its hash')
-  const receipts = (await Promise.all(hashes.map((h) => chain.request({ method: 'eth_getTransactionReceipt', params: [h] })))) as { status: Hex; blockHash: Hex }[]
-  t.ok(
-    receipts.every((r) => r?.status === '0x1'),
-    'the sends are mined',
-  )
-
-  const gen = chain.stats().generation
-  mkdirSync(copy, { recursive: true })
-  for (const f of ['chain.json', `journal-${gen}.ndjson`]) copyFileSync(join(dir, f), join(copy, f))
-  cpSync(join(dir, `snap-${gen}`), join(copy, `snap-${gen}`), { recursive: true })
-  await chain.close()
-  const restarted = await open(copy)
-  t.teardown(() => restarted.close())
-  t.equal(restarted.stats().generation, gen, 'started from that snapshot')
-  t.same(
-    ((await Promise.all(hashes.map((h) => restarted.request({ method: 'eth_getTransactionReceipt', params: [h] })))) as { blockHash: Hex }[]).map((r) => r?.blockHash),
-    receipts.map((r) => r.blockHash),
-    'the same txs in the same blocks',
-  )
-  t.equal(BigInt((await restarted.request({ method: 'eth_getBalance', params: [recipient(54), 'latest'] })) as Hex), 55n)
-})
-
 t.test('a long send is mined in blocks of at most FULL_BLOCK_TXS; a replay has the same blocks', async (t) => {
   const { dir, copy } = dirs(t)
   const { tx } = transfers(4, 'dd')

@@ -134,7 +134,7 @@ function handleOf(parts: Parts, front: RpcFront, rpcUrl: string, chainId: number
       dumping: node.dumping,
     }),
     snapshot: async () => {
-      await miner.snapshotTurn(() => miner.snapshot())
+      await node.serial(() => miner.snapshot())
       await journal.written()
     },
     close: () => (closing ??= close(parts)),

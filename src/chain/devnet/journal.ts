@@ -162,7 +162,7 @@ export class Journal {
   }
 
   /** Old headers are trimmed at a snapshot once enough blocks piled up (see trim.ts). */
-  trimDue(node: AnvilNode): boolean {
+  private trimDue(node: AnvilNode): boolean {
     return node.trimmable && !node.nextBlockTimeSet && node.blocks - this.trimmedAt >= this.opts.trimEveryBlocks
   }
 

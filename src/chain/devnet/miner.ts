@@ -112,7 +112,7 @@ export class Miner {
    * A block of what waits, on the serial queue; then, if the journal's tail passed its budget, a
    * snapshot queued after it. Not in this block's turn: a send queued behind the block would wait
    * for the whole snapshot (dump, a trim's cut and reload: ~150 ms at 1M records); from its own
-   * turn, sends that come while it waits or during its dump go beside the dump (serialDump).
+   * turn, sends that come during its dump go beside it.
    */
   private async mineQueued(): Promise<number> {
     const n = await this.mine()
@@ -127,24 +127,14 @@ export class Miner {
   private queueSnapshot(still: () => boolean): void {
     if (this.snapshotQueued) return
     this.snapshotQueued = true
-    this.snapshotTurn(async () => {
-      if (!this.node.closed && !this.node.dead && still()) await this.snapshot()
-    })
+    this.node
+      .serial(async () => {
+        if (!this.node.closed && !this.node.dead && still()) await this.snapshot()
+      })
       .catch((e: unknown) => this.opts.log('snapshot failed', { error: String(e) }, 'warn'))
       .finally(() => {
         this.snapshotQueued = false
       })
-  }
-
-  /**
-   * `turn` (a snapshot) on the serial queue. Sends that come while it waits go beside its dump
-   * (serialDump), unless a trim is due: the trim's reset empties anvil's pool and every tx
-   * pending then is sent again after the reload (in a 260k run that held the sends that came
-   * while the trim waited: 170-330 txs resent in 100-200 ms, a single send waiting up to 296
-   * ms), so those sends wait for the turn instead.
-   */
-  snapshotTurn(turn: () => Promise<void>): Promise<void> {
-    return this.journal.trimDue(this.node) ? this.node.serial(turn) : this.node.serialDump(turn)
   }
 
   /** On the serial queue. */

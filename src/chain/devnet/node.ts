@@ -24,8 +24,6 @@ export class AnvilNode {
   private tail: Promise<unknown> = Promise.resolve()
   /** while anvil dumps its state: the queue of the sends let through beside the dump */
   private side: Promise<unknown> | null = null
-  /** while a dump waits its turn (serialDump): the sends that will go beside it, held until it starts */
-  private early: { tail: Promise<unknown>; start: () => void } | null = null
   /** sends that went beside a dump instead of waiting for it */
   sentBesideDumps = 0
 
@@ -87,48 +85,21 @@ export class AnvilNode {
    * order anvil took them in.
    */
   send<T>(fn: (beside: boolean) => Promise<T>): Promise<T> {
-    const queue = this.side ?? this.early?.tail
-    if (!queue) return this.serial(() => fn(false))
+    if (!this.side) return this.serial(() => fn(false))
     this.sentBesideDumps++
     const run = (): Promise<T> => fn(true)
-    const p = this.watch(queue.then(run, run))
-    if (this.side) this.side = p.catch(() => {})
-    else this.early!.tail = p.catch(() => {})
+    const p = this.watch(this.side.then(run, run))
+    this.side = p.catch(() => {})
     return p
-  }
-
-  /**
-   * `turn` on the serial queue, for a turn that dumps (through `beside`). Sends from now until
-   * its dump starts wait for that start and then go beside the dump, instead of behind the
-   * whole turn (dump, a trim's cut and reload). A turn that does not dump after all lets them
-   * go at its end.
-   */
-  serialDump<T>(turn: () => Promise<T>): Promise<T> {
-    if (!this.early) {
-      let start!: () => void
-      const started = new Promise<void>((r) => (start = r))
-      this.early = { tail: started, start }
-    }
-    const early = this.early
-    return this.serial(async () => {
-      try {
-        return await turn()
-      } finally {
-        if (this.early === early) await this.beside(async () => undefined)
-      }
-    })
   }
 
   /**
    * On the serial queue: runs `dump` with sends let through beside it (see `send`), and
    * resolves once those sends are answered too, so what comes next on the queue (a block)
-   * comes after them, as in the journal. Sends held for a queued dump (`serialDump`) go first.
+   * comes after them, as in the journal.
    */
   async beside<T>(dump: () => Promise<T>): Promise<T> {
-    const early = this.early
-    this.early = null
-    this.side = early ? early.tail : Promise.resolve()
-    early?.start()
+    this.side = Promise.resolve()
     try {
       return await dump()
     } finally {
