@@ -73,8 +73,10 @@ export async function throughput(workers: number, count: number, maxMs: number, 
 
 export const fmt = (n: number, d = 2): string => n.toFixed(d)
 
-/** `BENCH_PROFILE=<dir>`: each benchmark's gateway process writes a V8 CPU profile there when it stops. */
-/** Node flags for the benchmarks' gateways: a CPU profile with BENCH_PROFILE, and any in BENCH_NODE_ARGS (space-separated, for trying V8 settings). */
+/**
+ * Node flags for the benchmarks' gateways: with `BENCH_PROFILE=<dir>` each writes a V8 CPU
+ * profile there when it stops; `BENCH_NODE_ARGS` adds any others (space-separated, to try V8 settings).
+ */
 export const gatewayNodeArgs = (): string[] => [
   ...(process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : []),
   ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean),
