@@ -247,10 +247,10 @@ async function driver(records: number, maxS: number): Promise<void> {
     const ev = r ? recordedEvents(r.logs, ledger!)[0] : undefined
     // A sample that does not verify is named, with what was wrong, so that it can be looked into.
     const unverified = (why: string): void => console.log(`unverified: ${JSON.stringify({ record: s.i, hash: s.hash, why, block: r?.blockNumber ?? null })}`)
-    if (!r) unverified('no receipt, from anvil or the archive')
-    else if (!ev) unverified(`a receipt without a PaymentRecorded event (${r.logs.length} logs)`)
-    else if (ev.entry.id !== entryOf(s.i).id) unverified('the event is of another record')
-    if (!ev || ev.entry.id !== entryOf(s.i).id) continue
+    if (!r || !ev || ev.entry.id !== entryOf(s.i).id) {
+      unverified(!r ? 'no receipt, from anvil or the archive' : !ev ? `a receipt without a PaymentRecorded event (${r.logs.length} logs)` : 'the event is of another record')
+      continue
+    }
     const e = ev.entry
     const onChain = await call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
     if (onChain === recordDigest(e, ev.timestamp)) verified++

@@ -24,7 +24,10 @@ for (const n of profile.nodes) for (const c of n.children ?? []) parentOf.set(c,
 
 const short = (url) => (url || '').replace(/^file:\/\//, '').replace(/.*node_modules\//, 'nm:')
 // The built tree (dist/, as `npm start` and the benchmarks run) counts as src/.
-const srcPath = (url) => (/node_modules/.test(url || '') ? undefined : /\/(?:src|dist)\/(.*)$/.exec(url || '')?.[1]?.replace(/^/, 'src/'))
+const srcPath = (url) => {
+  const m = /node_modules/.test(url || '') ? null : /\/(?:src|dist)\/(.*)$/.exec(url || '')
+  return m ? `src/${m[1]}` : undefined
+}
 const srcish = (u) => u.replace(/^(?!nm:).*\/(?:src|dist)\//, 'src/')
 const fnKey = (n) => `${n.callFrame.functionName || '(anon)'} ${srcish(short(n.callFrame.url))}:${n.callFrame.lineNumber + 1}`
 const fileKey = (n) => {
