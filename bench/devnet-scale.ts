@@ -253,8 +253,13 @@ async function driver(records: number, maxS: number): Promise<void> {
     }
     const e = ev.entry
     const onChain = await call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
-    if (onChain === recordDigest(e, ev.timestamp)) verified++
-    else unverified('the contract computes another digest')
+    const local = recordDigest(e, ev.timestamp)
+    if (onChain === local) verified++
+    else {
+      // asked once more: a different answer the second time would be the call's, not the record's
+      const again = await call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
+      unverified(`the contract answered ${String(onChain)} then ${String(again)}, not ${local} (timestamp ${ev.timestamp})`)
+    }
   }
   await d.close()
   fs.rmSync(dir, { recursive: true, force: true })
