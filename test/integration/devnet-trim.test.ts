@@ -70,6 +70,28 @@ t.test('a snapshot past the trim point drops old headers; newest block, state, p
   t.same(await receipt(restarted, first), firstReceipt)
 })
 
+t.test('reads made while a trim reloads anvil wait for the state to be back (between reset and load anvil is an empty chain)', async (t: Test) => {
+  const chain = await open(testDir(t, 'paygate-devnet-'))
+  t.teardown(() => chain.close())
+  await receipt(chain, hashOf((await chain.sendRawTransactions([await tx(0)]))[0]!))
+  await chain.request({ method: 'anvil_mine', params: ['0x12c'] }) // 300 blocks: the next snapshot trims
+  let trimming = true
+  const seen: bigint[] = []
+  const reads = (async () => {
+    while (trimming) seen.push(await balance(chain, 0))
+  })()
+  await chain.snapshot()
+  trimming = false
+  await reads
+  t.equal(chain.stats().trims, 1, 'the snapshot trimmed')
+  t.ok(seen.length > 20, `reads went on during the snapshot (${seen.length})`)
+  t.same(
+    seen.filter((b) => b !== 1n),
+    [],
+    'every read saw the state (never the empty chain of the reset)',
+  )
+})
+
 t.test('a dev method whose effect a dump does not hold turns trimming off', async (t: Test) => {
   const chain = await open(testDir(t, 'paygate-devnet-'))
   t.teardown(() => chain.close())

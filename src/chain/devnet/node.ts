@@ -26,6 +26,11 @@ export class AnvilNode {
   private side: Promise<unknown> | null = null
   /** sends that went beside a dump instead of waiting for it */
   sentBesideDumps = 0
+  /**
+   * While a trim resets anvil and loads the cut state back (trim.ts): reads wait for it, since
+   * between the two anvil answers for an empty chain (no contracts, no balances).
+   */
+  reloading: Promise<void> | null = null
 
   /** a connection of its own for state dumps: anvil answers one connection's calls in turn */
   private dumpIpc: Promise<IpcClient> | null = null

@@ -34,6 +34,7 @@ export class RpcFront {
       this.miner.setAutomine(params[0] === true)
       return { jsonrpc: '2.0', id, result: null }
     }
+    if (node.reloading && (isReadOnly(method) || method === 'eth_getTransactionReceipt' || method === 'eth_getBlockReceipts')) await node.reloading
     if (method === 'eth_getTransactionReceipt') return this.receipt(id, params)
     if (method === 'eth_getBlockReceipts') return this.blockReceipts(id, params)
     if (isReadOnly(method)) {
