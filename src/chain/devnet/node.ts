@@ -1,5 +1,5 @@
 import { IpcClient } from './ipc.js'
-import { type DevnetLog, DevnetUnavailableError } from './types.js'
+import { type DevnetLog, DevnetUnavailableError, type RpcResponse } from './types.js'
 
 type Block = { number: string; timestamp: string; transactions: string[] }
 
@@ -62,6 +62,15 @@ export class AnvilNode {
       }
       throw e
     }
+  }
+
+  /**
+   * A read: sent once no trim is reloading anvil. Checked right before the write, with no await
+   * between: a read sent after a trim's reset would see an empty chain.
+   */
+  async read(method: string, paramsJson: string): Promise<RpcResponse> {
+    while (this.reloading) await this.reloading
+    return this.ipc.call(method, paramsJson)
   }
 
   /** A call whose error is thrown. */

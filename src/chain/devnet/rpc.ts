@@ -7,7 +7,7 @@ import { trimSafe } from './trim.js'
 import type { RpcRequest, RpcResponse, SendResult } from './types.js'
 
 /**
- * The JSON-RPC front: reads go straight to anvil; every state change goes through the serial
+ * The JSON-RPC front: reads go straight to anvil (except while a trim reloads it: AnvilNode.read); every state change goes through the serial
  * queue (sends go beside a state dump) and is journalled before it is answered. Dev methods that would take the chain from
  * under the journal (reset, dump/load, interval mining) are refused.
  */
@@ -34,12 +34,11 @@ export class RpcFront {
       this.miner.setAutomine(params[0] === true)
       return { jsonrpc: '2.0', id, result: null }
     }
-    if (node.reloading && (isReadOnly(method) || method === 'eth_getTransactionReceipt' || method === 'eth_getBlockReceipts')) await node.reloading
     if (method === 'eth_getTransactionReceipt') return this.receipt(id, params)
     if (method === 'eth_getBlockReceipts') return this.blockReceipts(id, params)
     if (isReadOnly(method)) {
       if (readsNewestBlock(method, params)) await this.miner.freshenForRead()
-      return reply(id, await node.ipc.call(method, JSON.stringify(params)))
+      return reply(id, await node.read(method, JSON.stringify(params)))
     }
     this.miner.noteWrite()
     if (SENDS.has(method)) return node.send((beside) => this.write(id, method, params, beside))
@@ -49,14 +48,14 @@ export class RpcFront {
   /** A tx we are about to mine is waited for; one whose block anvil forgot comes from the archive. */
   private async receipt(id: unknown, params: unknown[]): Promise<RpcResponse> {
     await this.untilMined(params[0])
-    const r = await this.node.ipc.call('eth_getTransactionReceipt', JSON.stringify(params))
+    const r = await this.node.read('eth_getTransactionReceipt', JSON.stringify(params))
     if (r.error || r.result !== null || typeof params[0] !== 'string') return reply(id, r)
     return { jsonrpc: '2.0', id, result: this.archive.find(params[0]) }
   }
 
   /** A block whose txs anvil forgot (it answers none) comes from the archive while it is recent. */
   private async blockReceipts(id: unknown, params: unknown[]): Promise<RpcResponse> {
-    const r = await this.node.ipc.call('eth_getBlockReceipts', JSON.stringify(params))
+    const r = await this.node.read('eth_getBlockReceipts', JSON.stringify(params))
     const tag = params[0]
     if (r.error || (Array.isArray(r.result) && r.result.length) || typeof tag !== 'string' || !/^0x[0-9a-f]+$/i.test(tag)) return reply(id, r)
     return { jsonrpc: '2.0', id, result: this.archive.blockReceipts(Number(tag)) ?? r.result ?? null }
