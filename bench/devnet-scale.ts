@@ -252,12 +252,13 @@ async function driver(records: number, maxS: number): Promise<void> {
       continue
     }
     const e = ev.entry
-    const onChain = await call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
+    const digestOnChain = (): Promise<Hex> => call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
+    const onChain = await digestOnChain()
     const local = recordDigest(e, ev.timestamp)
     if (onChain === local) verified++
     else {
       // asked once more: a different answer the second time would be the call's, not the record's
-      const again = await call('digestOf', [e.id, e.parentTxHash, e.agentId, e.amount, e.protocol, e.origin, e.pathHash, e.depth, ev.timestamp])
+      const again = await digestOnChain()
       unverified(`the contract answered ${String(onChain)} then ${String(again)}, not ${local} (timestamp ${ev.timestamp})`)
     }
   }

@@ -7,9 +7,10 @@ import { trimSafe } from './trim.js'
 import type { RpcRequest, RpcResponse, SendResult } from './types.js'
 
 /**
- * The JSON-RPC front: reads go straight to anvil (except while a trim reloads it: AnvilNode.read); every state change goes through the serial
- * queue (sends go beside a state dump) and is journalled before it is answered. Dev methods that would take the chain from
- * under the journal (reset, dump/load, interval mining) are refused.
+ * The JSON-RPC front: reads go straight to anvil (once a trim's reload is over: AnvilNode.read);
+ * every state change goes through the serial queue (sends go beside a state dump) and is
+ * journalled before it is answered. Dev methods that would take the chain from under the
+ * journal (reset, dump/load, interval mining) are refused.
  */
 export class RpcFront {
   constructor(

@@ -92,10 +92,7 @@ export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): 
   const t1 = performance.now()
   const latest = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   const { environment } = (await node.raw('anvil_nodeInfo')) as { environment: { baseFee: string | number } }
-  // reads wait until the state is back (a read between the reset and the load would see an empty chain)
-  let reloaded!: () => void
-  node.reloading = new Promise((r) => (reloaded = r))
-  try {
+  const reload = (async () => {
     await node.raw('anvil_reset', [])
     await node.raw('anvil_loadState', [`0x${cut.gz.toString('hex')}`])
     await node.raw('anvil_setNextBlockBaseFeePerGas', [`0x${BigInt(environment.baseFee).toString(16)}`])
@@ -103,9 +100,16 @@ export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): 
     const cur = Number(await node.raw('evm_increaseTime', [0]))
     if (offset > cur) await node.raw('evm_increaseTime', [offset - cur])
     else if (offset < cur) await node.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + offset])
+  })()
+  // reads wait until the state is back (a read between the reset and the load would see an empty chain)
+  node.reloading = reload.then(
+    () => {},
+    () => {},
+  )
+  try {
+    await reload
   } finally {
     node.reloading = null
-    reloaded()
   }
   const now = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   if (now.hash !== latest.hash) throw new Error(`embedded chain: after trimming old headers the newest block is ${now.hash}, not ${latest.hash}`)
