@@ -150,6 +150,16 @@ export class AnvilNode {
     this.ipc.fail(e, true)
   }
 
+  /**
+   * Puts the chain-time offset back after a reload or a replay moved it: forward with
+   * evm_increaseTime, back by setting the time (anvil cannot increase by a negative amount).
+   */
+  async setTimeOffset(offset: number): Promise<void> {
+    const cur = Number(await this.raw('evm_increaseTime', [0]))
+    if (offset > cur) await this.raw('evm_increaseTime', [offset - cur])
+    else if (offset < cur) await this.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + offset])
+  }
+
   /** Forget pending txs that are mined (or gone), asking the node for each. */
   async dropMined(): Promise<void> {
     for (const h of [...this.pending.keys()]) {

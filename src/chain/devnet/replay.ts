@@ -29,9 +29,7 @@ export async function restore(node: AnvilNode, archive: ReceiptArchive, dir: str
   const replayMs = performance.now() - t
 
   // chain-time: explicit-timestamp mines during replay moved anvil's offset; put it back
-  const cur = Number(await node.raw('evm_increaseTime', [0]))
-  if (r.offset > cur) await node.raw('evm_increaseTime', [r.offset - cur])
-  else if (r.offset < cur) await node.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + r.offset]).catch(() => {})
+  await node.setTimeOffset(r.offset).catch((e: unknown) => log('could not put the chain-time offset back', { offset: r.offset, error: String(e) }, 'warn'))
   node.blocks = Number((await node.latestMined()).number)
   const journal: JournalStart = { gen: gens.gen, offset: r.offset, stateMb: gens.stateMb, tail: r.tail }
   return { journal, replayed: r.replayed, replayMs }

@@ -96,10 +96,7 @@ export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): 
     await node.raw('anvil_reset', [])
     await node.raw('anvil_loadState', [`0x${cut.gz.toString('hex')}`])
     await node.raw('anvil_setNextBlockBaseFeePerGas', [`0x${BigInt(environment.baseFee).toString(16)}`])
-    // (as a replay does: forward with evm_increaseTime, back by setting the time)
-    const cur = Number(await node.raw('evm_increaseTime', [0]))
-    if (offset > cur) await node.raw('evm_increaseTime', [offset - cur])
-    else if (offset < cur) await node.raw('anvil_setTime', [Math.floor(Date.now() / 1000) + offset])
+    await node.setTimeOffset(offset)
   })()
   // reads wait until the state is back (a read between the reset and the load would see an empty chain)
   node.reloading = reload.then(
