@@ -148,7 +148,10 @@ t.test('a flood of bad keys from one address: 429 for them, never for valid keys
   const after = await Promise.all(Array.from({ length: 25 }, () => gw.api('GET', '/v1/agents', { key: null })))
   const limited = after.find((r) => r.status === 429)
   t.ok(limited, `no key from the flooding address: 429 (${after.filter((r) => r.status === 429).length} of 25)`)
-  t.ok(after.every((r) => r.status === 429 || r.status === 401), 'the rest: 401, a refilled token')
+  t.ok(
+    after.every((r) => r.status === 429 || r.status === 401),
+    'the rest: 401, a refilled token',
+  )
   t.equal(limited?.body.error, 'rate_limited')
   t.equal(limited?.headers.get('retry-after'), String(limited?.body.retryAfter))
 })
