@@ -226,7 +226,7 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   const built = await aggregates.start(transactions, store.collection('meta'))
   if (built.backfilled !== null) log.info({ records: built.backfilled, buckets: built.buckets }, 'built the metrics aggregates from the stored transactions')
   s.stopFolding = aggregates.startFolding((err) => log.warn({ err }, "folding a stopped replica's metrics rows failed; retrying"))
-  const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain), log, { clock }))
+  const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain, { thread: true, log }), log, { clock }))
   await outbox.start()
   return { store, registry, policies, commitKeys, keystore, chain, walletStore, wallets, transactions, outbox, aggregates, locks }
 }

@@ -1,9 +1,12 @@
 import type { Hex } from 'viem'
-import { keccak256, keccak256Bytes } from '../crypto/keccak.js'
+import { keccak256 } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
 import { Lru } from '../util/lru.js'
-import { signEip1559 } from './eip1559.js'
-import { encodeRecordCall } from './ledger-call.js'
+import type { Logger } from '../log/index.js'
+import { LedgerSignThread } from './ledger-sign-thread.js'
+import { LedgerSigner, type LedgerSignContext, type SignedLedgerTx } from './ledger-signer.js'
+
+export type { LedgerSignContext, SignedLedgerTx }
 
 export interface LedgerEntry {
   /** bytes32 record id (keccak of the local transaction id). */
@@ -25,7 +28,6 @@ export interface LedgerReceipt {
 }
 
 export const ZERO32: Hex = `0x${'0'.repeat(64)}`
-const GAS_LIMIT = 300_000n
 /** Agents pay the same few endpoints over and over: the URL parse and path hash are kept per URL. */
 const locations = new Lru<string, Readonly<{ origin: string; pathHash: Hex }>>(1024)
 
@@ -38,11 +40,6 @@ export function ledgerLocation(url: string): Readonly<{ origin: string; pathHash
     locations.set(url, loc)
   }
   return loc
-}
-
-function addressBytes(a: string): Buffer {
-  if (!/^0x[0-9a-fA-F]{40}$/.test(a)) throw new RangeError(`not an address: ${a}`)
-  return Buffer.from(a.slice(2), 'hex')
 }
 
 /** How often an external chain's fees are asked again for records signed from then on. */
@@ -58,10 +55,19 @@ export class LedgerWriter {
   private fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint } = { maxFeePerGas: 0n, maxPriorityFeePerGas: 0n }
   private feesAt = 0
   private blockReceiptsWork = true
-  /** The ledger address as bytes, converted once. */
-  private to: { address: string; bytes: Buffer } | undefined
+  private readonly signer: LedgerSigner
+  private thread: LedgerSignThread | undefined
+  private readonly log: Logger | undefined
 
-  constructor(private readonly chain: Chain) {}
+  /** `thread`: sign on a thread of its own (off by default: tests and tools sign in place). */
+  constructor(
+    private readonly chain: Chain,
+    opts: { thread?: boolean; log?: Logger } = {},
+  ) {
+    this.signer = new LedgerSigner(chain.fastSigner)
+    this.log = opts.log
+    if (opts.thread) this.thread = new LedgerSignThread(chain.fastSigner)
+  }
 
   /** The signer's next nonce by the chain's count (pending included), and a fee estimate. */
   async init(): Promise<bigint> {
@@ -99,12 +105,43 @@ export class LedgerWriter {
     return `${this.chain.info.chainId}:${this.chain.info.ledger}:${this.fees.maxFeePerGas}:${this.fees.maxPriorityFeePerGas}`
   }
 
-  sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
-    const { chainId, ledger } = this.chain.info
-    if (this.to?.address !== ledger) this.to = { address: ledger, bytes: addressBytes(ledger) }
-    const signer = this.chain.fastSigner
-    const raw = signEip1559({ chainId, nonce, gas: GAS_LIMIT, ...this.fees, to: this.to.bytes, value: 0n, data: encodeRecordCall(e) }, (payload) => signer.signDigestBytes(keccak256Bytes(payload)))
-    return { raw: `0x${raw.toString('hex')}`, hash: `0x${keccak256Bytes(raw).toString('hex')}` }
+  /** What a record is signed under now: the chain, the ledger and the fees. */
+  context(): LedgerSignContext {
+    return { chainId: this.chain.info.chainId, ledger: this.chain.info.ledger, ...this.fees }
+  }
+
+  /** Sign on this thread. */
+  sign(e: LedgerEntry, nonce: bigint): SignedLedgerTx {
+    return this.signer.sign(this.context(), e, nonce)
+  }
+
+  /**
+   * Sign records under the fees of now, on the signing thread (see ledger-sign-thread.ts); on
+   * this thread if that thread cannot be had.
+   */
+  signMany(items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<SignedLedgerTx[]> {
+    const ctx = this.context()
+    const thread = this.thread
+    if (thread?.alive) {
+      return thread.sign(ctx, items).catch((e: unknown) => {
+        if (thread.alive) throw e // the records could not be signed (the thread is fine)
+        if (this.thread === thread) this.log?.warn({ err: e }, 'the ledger signing thread stopped; signing on the main thread from now on')
+        this.thread = undefined
+        return items.map((i) => this.signer.sign(ctx, i.entry, i.nonce))
+      })
+    }
+    try {
+      return Promise.resolve(items.map((i) => this.signer.sign(ctx, i.entry, i.nonce)))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Stop the signing thread (signing goes on, on this thread). */
+  async close(): Promise<void> {
+    const t = this.thread
+    this.thread = undefined
+    await t?.close()
   }
 
   /**

@@ -28,6 +28,11 @@ export class FastSigner {
     this.address = privateKeyToAddress(privateKey)
   }
 
+  /** The key as hex, for a signing thread of this process only (see ledger-sign-thread.ts); never logged or stored. */
+  exportKey(): Hex {
+    return `0x${Buffer.from(this.key).toString('hex')}`
+  }
+
   signDigest(digest: Hex): RawSignature {
     const { r, s, yParity } = this.signDigestBytes(Buffer.from(digest.slice(2), 'hex'))
     return { r: hex(r), s: hex(s), yParity }

@@ -1,6 +1,6 @@
 import { channels } from '../events/channels.js'
 import type { Hex } from 'viem'
-import type { LedgerEntry, LedgerReceipt, LedgerWriter } from '../chain/ledger-tx.js'
+import type { LedgerEntry, LedgerReceipt, LedgerWriter, SignedLedgerTx } from '../chain/ledger-tx.js'
 import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { KeyedMutex } from '../util/mutex.js'
@@ -82,7 +82,7 @@ export class Outbox {
   private closed = false
   private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
   /** A record signed ahead (see signAhead), with the nonce and stamp it was signed under. */
-  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: { raw: Hex; hash: Hex } } | null = null
+  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: SignedLedgerTx } | null = null
 
   /**
    * On a store shared by replicas (PostgreSQL) every replica records with the one ledger signer:
@@ -187,6 +187,8 @@ export class Outbox {
     setImmediate(() => {
       if (this.closed || this.queue.length) return
       const nonce = this.nextNonce
+      // Here, not on the signing thread: this thread is idle while the retry is on the wire,
+      // and the thread's answer would need a turn of this loop before the record could use it.
       try {
         this.ahead = { entry, nonce, stamp: this.writer.stamp(), signed: this.writer.sign(entry, nonce) }
       } catch {
@@ -195,14 +197,32 @@ export class Outbox {
     })
   }
 
-  /** The signature of `entry` under `nonce`: the one made ahead when it still holds. */
-  private signed(entry: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
-    const a = this.ahead
-    if (a && a.nonce === nonce && sameEntry(a.entry, entry) && a.stamp === this.writer.stamp()) {
-      this.ahead = null
-      return a.signed
+  /**
+   * The signatures of `entries` under the nonces from `from` on: the one made ahead when it
+   * still holds, the others in one request to the signing thread.
+   */
+  private async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<SignedLedgerTx[]> {
+    const out: SignedLedgerTx[] = []
+    const rest: { entry: LedgerEntry; nonce: bigint }[] = []
+    const restAt: number[] = []
+    entries.forEach((entry, i) => {
+      const nonce = from + BigInt(i)
+      const a = this.ahead
+      if (a && a.nonce === nonce && sameEntry(a.entry, entry) && a.stamp === this.writer.stamp()) {
+        this.ahead = null
+        out[i] = a.signed
+      } else {
+        rest.push({ entry, nonce })
+        restAt.push(i)
+      }
+    })
+    if (rest.length) {
+      const signed = await this.writer.signMany(rest)
+      restAt.forEach((at, j) => {
+        out[at] = signed[j]!
+      })
     }
-    return this.writer.sign(entry, nonce)
+    return out
   }
 
   private async flush(): Promise<void> {
@@ -216,7 +236,7 @@ export class Outbox {
         if (this.shared) {
           nonce = await this.storeShared(group, batch, hashes, stored)
         } else {
-          nonce = this.signGroup(group, nonce, batch, hashes, stored)
+          nonce = await this.signGroup(group, nonce, batch, hashes, stored)
           await this.store.batch(batch)
         }
       } catch (e) {
@@ -236,9 +256,13 @@ export class Outbox {
   }
 
   /** Sign the group from `nonce` on, adding its rows, the callers' ops and the next nonce to `batch`; the next nonce. */
-  private signGroup(group: Outbox['queue'], nonce: bigint, batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): bigint {
-    for (const g of group) {
-      const signed = this.signed(g.entry, nonce)
+  private async signGroup(group: Outbox['queue'], nonce: bigint, batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<bigint> {
+    const sigs = await this.signAll(
+      group.map((g) => g.entry),
+      nonce,
+    )
+    for (const [i, g] of group.entries()) {
+      const signed = sigs[i]!
       const e: OutboxEntry = { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash }
       stored.push(e)
       batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e })
@@ -255,7 +279,7 @@ export class Outbox {
     const { result, written } = await this.store.transact('ledger:signer', async () => {
       const at = await this.meta.get(NONCE_KEY)
       const from = at !== undefined && BigInt(at) > this.chainNonce ? BigInt(at) : this.chainNonce
-      const next = this.signGroup(group, from, batch, hashes, stored)
+      const next = await this.signGroup(group, from, batch, hashes, stored)
       return { ops: batch, result: next }
     })
     const w = await written
@@ -382,6 +406,7 @@ export class Outbox {
     if (this.timer) clearTimeout(this.timer)
     this.timer = null
     await this.pumping
+    await this.writer.close()
   }
 
   /** Wait until every stored record is confirmed (tests, graceful drains), bounded by `ms`. */

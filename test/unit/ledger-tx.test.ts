@@ -8,6 +8,7 @@ import { serializeEip1559, type Eip1559Fields } from '../../src/chain/eip1559.js
 import { encodeRecordCall } from '../../src/chain/ledger-call.js'
 import { ledgerLocation, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
 import { FastSigner } from '../../src/crypto/secp256k1.js'
+import type { Logger } from '../../src/log/index.js'
 
 /**
  * The hand-written record() calldata and EIP-1559 bytes must be exactly viem's (the
@@ -156,6 +157,70 @@ t.test('LedgerWriter.sign equals viem: encodeFunctionData + signTransaction, and
       }
     }
   }
+})
+
+t.test('the signing thread: the same bytes as signing in place, in request order; a bad record fails alone; a stopped thread falls back to the main thread', async (t) => {
+  const pk = generatePrivateKey()
+  const ledger = privateKeyToAccount(generatePrivateKey()).address
+  const chain = { embedded: true, info: { chainId: 31337, ledger }, fastSigner: new FastSigner(pk) } as unknown as Chain
+  const warned: string[] = []
+  const log = { warn: (_: unknown, msg: string) => warned.push(msg) } as unknown as Logger
+  const threaded = new LedgerWriter(chain, { thread: true, log })
+  const inPlace = new LedgerWriter(chain)
+  await Promise.all([threaded.refreshFees(), inPlace.refreshFees()])
+  t.teardown(() => threaded.close())
+  const main = threaded.sign.bind(threaded)
+  let onMain = 0
+  threaded.sign = (e, n) => {
+    onMain++
+    return main(e, n)
+  }
+  const groups = Array.from({ length: 8 }, (_, g) => Array.from({ length: 1 + g * 3 }, (_, i) => ({ entry: entry(), nonce: BigInt(g * 100 + i) })))
+  const signed = await Promise.all(groups.map((items) => threaded.signMany(items)))
+  groups.forEach((items, g) => {
+    t.same(
+      signed[g],
+      items.map((i) => inPlace.sign(i.entry, i.nonce)),
+      `group ${g}: ${items.length} records, the bytes and hashes of signing in place`,
+    )
+  })
+  const bad = { ...entry(), id: '0x12' as Hex }
+  await t.rejects(
+    threaded.signMany([
+      { entry: entry(), nonce: 1n },
+      { entry: bad, nonce: 2n },
+    ]),
+    /id must be 32 bytes/,
+    'a record that cannot be signed fails its request',
+  )
+  const after = entry()
+  t.same(await threaded.signMany([{ entry: after, nonce: 3n }]), [inPlace.sign(after, 3n)], 'and the thread goes on')
+  t.equal(onMain, 0, 'nothing was signed on the main thread')
+  t.same(warned, [])
+  // The thread dies (here: a message it cannot read throws on it): what waits, and what follows, is signed on the main thread.
+  const thread = (threaded as unknown as { thread: { thread: { postMessage(m: unknown): void } } }).thread
+  thread.thread.postMessage(null)
+  const waiting = threaded.signMany([{ entry: after, nonce: 4n }])
+  t.same(await waiting, [inPlace.sign(after, 4n)], 'a request waiting when the thread died is signed on the main thread')
+  t.same(await threaded.signMany([{ entry: after, nonce: 5n }]), [inPlace.sign(after, 5n)], 'and so is the next one')
+  t.equal(onMain, 0, '(through the same signer as sign())')
+  t.same(warned, ['the ledger signing thread stopped; signing on the main thread from now on'], 'said once')
+})
+
+t.test('closing the signing thread answers what was asked before it, then the thread ends', async (t) => {
+  const pk = generatePrivateKey()
+  const ledger = privateKeyToAccount(generatePrivateKey()).address
+  const chain = { embedded: true, info: { chainId: 31337, ledger }, fastSigner: new FastSigner(pk) } as unknown as Chain
+  const warned: string[] = []
+  const writer = new LedgerWriter(chain, { thread: true, log: { warn: (_: unknown, msg: string) => warned.push(msg) } as unknown as Logger })
+  await writer.refreshFees()
+  const inner = (writer as unknown as { thread: { alive: boolean } }).thread
+  const items = Array.from({ length: 200 }, (_, i) => ({ entry: entry(), nonce: BigInt(i) }))
+  const asked = writer.signMany(items)
+  await writer.close()
+  t.equal(inner.alive, false, 'the thread is stopped')
+  t.equal((await asked).length, 200, 'what was asked before the close was answered')
+  t.same(warned, [], 'by the thread: no fallback was needed')
 })
 
 t.test('ledgerLocation: origin and path hash, kept per URL and frozen', async (t) => {

@@ -45,6 +45,11 @@ class FakeWriter {
     this.byHash.set(hash, { success: !this.reverted.has(Number(nonce)), blockNumber: this.blockOf(Number(nonce)) })
     return { raw: `0x${nonce.toString(16).padStart(4, '0')}`, hash }
   }
+  /** Signing requests (as LedgerWriter.signMany: asynchronous, one per group). */
+  async signMany(items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<{ raw: Hex; hash: Hex }[]> {
+    return items.map((i) => this.sign(i.entry, i.nonce))
+  }
+  async close(): Promise<void> {}
   /** The nonces of each broadcast call. */
   readonly broadcasts: number[][] = []
   /** The next broadcast: the node takes only this many, then refuses one. */
