@@ -60,8 +60,9 @@ export class Recorder {
    */
   async usage<T>(agentId: string, fn: (usage: UsageState, tx: Txn) => Promise<{ ops: readonly BatchOp[]; result: T }>): Promise<{ result: T; written: Promise<Result<void>> }> {
     const forget = (): void => this.d.policies.forgetUsage(agentId)
+    let read: UsageState | undefined
     try {
-      const r = await this.d.store.transact(`usage\u0000${agentId}`, async (tx) => fn(await this.d.policies.usageOf(agentId), tx))
+      const r = await this.d.store.transact(`usage\u0000${agentId}`, async (tx) => fn((read = await this.d.policies.usageOf(agentId)), tx))
       return {
         result: r.result,
         written: r.written.then((w) => {
@@ -70,7 +71,10 @@ export class Recorder {
         }),
       }
     } catch (e) {
-      forget()
+      // A refusal (a policy decision) changed nothing: the cached usage stays. It must: it holds
+      // what batches still on their way to the store (an outbox group being signed) carry, and
+      // read again from the store now it would lack their holds and spend.
+      if (read === undefined || this.d.policies.cachedUsage(agentId) !== read) forget()
       throw e
     }
   }

@@ -57,6 +57,11 @@ export class PolicyStore {
     return this.policyCache.get(agentId) ?? p
   }
 
+  /** The usage if it is in memory (no store read). */
+  cachedUsage(agentId: string): UsageState | undefined {
+    return this.usageCache.get(agentId)
+  }
+
   async usageOf(agentId: string): Promise<UsageState> {
     if (!this.cached) return (await this.usage.get(agentId)) ?? emptyUsage()
     const hit = this.usageCache.get(agentId)

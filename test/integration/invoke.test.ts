@@ -172,6 +172,41 @@ t.test("the orchestrator pays the sub-agent's own 402 inside a cap equal to its 
   t.match(rej[0], { reason: 'budget_exceeded', depth: 1, parentTxHash: cheap.body.txHash })
 })
 
+t.test('a refused invocation does not make the next decision forget a cap hold still on its way to the store', async (t) => {
+  // The outbox writes an opening (its cap hold among it) once its group is signed: hold the signing back.
+  await gw.api('PUT', '/v1/policies/orch', { body: { dailyBudget: { usdc: 0.1 } } })
+  t.teardown(() => gw.api('PUT', '/v1/policies/orch', { body: { dailyBudget: null } }))
+  const used = (await gw.api('GET', '/v1/policies/orch')).body.dailyBudget.usedToday as number
+  const s = await subAgent('sub', subKey, async () => 'done')
+  const writer = (gw.gw.outbox as unknown as { writer: { signMany(items: unknown[]): Promise<unknown[]> } }).writer
+  const signMany = writer.signMany.bind(writer)
+  let release!: () => void
+  const held = new Promise<void>((r) => (release = r))
+  let asked = 0
+  writer.signMany = async (items) => {
+    asked++
+    await held
+    return signMany(items)
+  }
+  t.teardown(() => {
+    release()
+    writer.signMany = signMany
+  })
+  const cap = Math.floor(((0.1 - used) * 1e6 * 3) / 5) / 1e6 // 60% of what is left: one fits, two do not
+  const first = invoke({ agentEndpoint: s.url, task: {}, budget: { usdc: cap } })
+  for (let i = 0; i < 200 && asked === 0; i++) await new Promise((r) => setTimeout(r, 10))
+  t.equal(asked, 1, "the first opening waits for its group's signature, its cap hold not yet in the store")
+  const over = await invoke({ agentEndpoint: s.url, task: {}, budget: { usdc: 0.1 } })
+  t.same([over.status, over.body.reason], [402, 'daily_budget_exceeded'], 'an invocation over the budget is refused')
+  const second = invoke({ agentEndpoint: s.url, task: {}, budget: { usdc: cap } })
+  await new Promise((r) => setTimeout(r, 100))
+  release()
+  const [a, b] = await Promise.all([first, second])
+  t.equal(a.status, 200, a.text)
+  t.same([b.status, b.body.reason], [402, 'daily_budget_exceeded'], "the second cap is decided with the first one's hold: refused")
+  t.same((await gw.gw.policies.usageOf('orch')).holds, [], 'no hold left once the first invocation closed')
+})
+
 t.test('fan-out: 5 concurrent invocations against one daily budget, exactly 3 caps fit', async (t) => {
   await gw.api('PUT', '/v1/policies/orch', { body: { dailyBudget: { usdc: 0.1 } } })
   t.teardown(() => gw.api('PUT', '/v1/policies/orch', { body: { dailyBudget: null } }))
