@@ -12,7 +12,8 @@ import { shownUrl } from '../util/redact.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
-import { startDevnet, type Devnet, type SendResult } from './devnet/index.js'
+import type { Devnet, SendResult } from './devnet/index.js'
+import { startDevnetThread } from './devnet/thread.js'
 import { portTaken } from '../util/ports.js'
 import { instrumented, transportFor, unanswered } from './rpc.js'
 import { readTokenDomain } from './token-domain.js'
@@ -108,7 +109,7 @@ export class Chain {
         throw new PaygateError('invalid_config', 'with chain.rpcUrl, set chain.token (PAYGATE_CHAIN_TOKEN) and chain.ledger (PAYGATE_CHAIN_LEDGER); `paygate deploy-ledger` deploys a ledger')
       }
     } else {
-      devnet = await startDevnet({
+      devnet = await startDevnetThread({
         dataDir: join(config.dataDir, 'chain'),
         chainId: c.chainId,
         host: c.rpcHost,
