@@ -34,12 +34,13 @@ const run = (c: Call): Promise<unknown> => {
 }
 
 port.on('message', (c: Call) => {
-  run(c).then(
-    (value) => {
-      post({ t: 'reply', id: c.id, value, stats: c.op === 'request' ? undefined : d.stats() })
-      // Closed: the thread ends (exit: tsx's loader, when run from source, keeps a port of its own open).
+  run(c)
+    .then(
+      (value) => post({ t: 'reply', id: c.id, value, stats: c.op === 'request' ? undefined : d.stats() }),
+      (e: unknown) => post({ t: 'reply', id: c.id, error: errorOf(e) }),
+    )
+    .finally(() => {
+      // Closed, well or not: the thread ends (exit: tsx's loader, when run from source, keeps a port of its own open).
       if (c.op === 'close') process.exit(0)
-    },
-    (e: unknown) => post({ t: 'reply', id: c.id, error: errorOf(e) }),
-  )
+    })
 })

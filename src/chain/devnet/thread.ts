@@ -115,11 +115,14 @@ export async function startDevnetThread(opts: DevnetOptions): Promise<Devnet> {
     snapshot: () => call<void>('snapshot'),
     close: () =>
       (closed ??= (async () => {
+        let failed: unknown
         if (!stopped) {
           closing = true
-          await call<void>('close')
+          // The thread ends after its close either way; a close that failed is reported once it has.
+          await call<void>('close').catch((e: unknown) => (failed = e))
         }
         await exited
+        if (failed) throw failed
       })()),
   }
 }
