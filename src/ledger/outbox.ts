@@ -1,22 +1,12 @@
 import { channels } from '../events/channels.js'
 import type { Hex } from 'viem'
-import type { LedgerEntry, LedgerReceipt, LedgerWriter, SignedLedgerTx } from '../chain/ledger-tx.js'
+import type { LedgerEntry, LedgerReceipt, LedgerWriter } from '../chain/ledger-tx.js'
 import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { KeyedMutex } from '../util/mutex.js'
+import { RecordSigning } from './record-signing.js'
 import type { Transactions } from './transactions.js'
 import { systemClock, type Clock } from '../util/clock.js'
-
-/** The same ledger record, field by field. */
-const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
-  a.id === b.id &&
-  a.parentTxHash === b.parentTxHash &&
-  a.agentId === b.agentId &&
-  a.amount === b.amount &&
-  a.protocol === b.protocol &&
-  a.origin === b.origin &&
-  a.pathHash === b.pathHash &&
-  a.depth === b.depth
 
 interface OutboxEntry {
   nonce: string
@@ -81,8 +71,8 @@ export class Outbox {
   private pumping: Promise<void> | null = null
   private closed = false
   private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
-  /** A record signed ahead (see signAhead), with the nonce and stamp it was signed under. */
-  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: SignedLedgerTx } | null = null
+  /** Which signature each record gets: one made ahead, or the signing thread's. */
+  private readonly signing: RecordSigning
 
   /**
    * On a store shared by replicas (PostgreSQL) every replica records with the one ledger signer:
@@ -114,6 +104,7 @@ export class Outbox {
     this.entries = store.collection('ledgerOutbox')
     this.meta = store.collection('meta')
     this.shared = store.backend === 'postgres'
+    this.signing = new RecordSigning(writer)
   }
 
   async start(): Promise<void> {
@@ -186,43 +177,8 @@ export class Outbox {
     // After the caller's request is written (undici writes a reused socket's request on an immediate too).
     setImmediate(() => {
       if (this.closed || this.queue.length) return
-      const nonce = this.nextNonce
-      // Here, not on the signing thread: this thread is idle while the retry is on the wire,
-      // and the thread's answer would need a turn of this loop before the record could use it.
-      try {
-        this.ahead = { entry, nonce, stamp: this.writer.stamp(), signed: this.writer.sign(entry, nonce) }
-      } catch {
-        this.ahead = null // record() signs it and reports what is wrong
-      }
+      this.signing.signAhead(entry, this.nextNonce)
     })
-  }
-
-  /**
-   * The signatures of `entries` under the nonces from `from` on: the one made ahead when it
-   * still holds, the others in one request to the signing thread.
-   */
-  private async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<SignedLedgerTx[]> {
-    const out: SignedLedgerTx[] = []
-    const rest: { entry: LedgerEntry; nonce: bigint }[] = []
-    const restAt: number[] = []
-    entries.forEach((entry, i) => {
-      const nonce = from + BigInt(i)
-      const a = this.ahead
-      if (a && a.nonce === nonce && sameEntry(a.entry, entry) && a.stamp === this.writer.stamp()) {
-        this.ahead = null
-        out[i] = a.signed
-      } else {
-        rest.push({ entry, nonce })
-        restAt.push(i)
-      }
-    })
-    if (rest.length) {
-      const signed = await this.writer.signMany(rest)
-      restAt.forEach((at, j) => {
-        out[at] = signed[j]!
-      })
-    }
-    return out
   }
 
   private async flush(): Promise<void> {
@@ -244,7 +200,7 @@ export class Outbox {
         return
       }
       this.nextNonce = nonce
-      if (this.ahead && this.ahead.nonce < nonce) this.ahead = null
+      this.signing.passed(nonce)
       this.stored += stored.length
       if (this.spilledUpTo === null && this.held() + stored.length <= this.maxHeld) this.hold(stored)
       else this.spilledUpTo = nonce
@@ -257,7 +213,7 @@ export class Outbox {
 
   /** Sign the group from `nonce` on, adding its rows, the callers' ops and the next nonce to `batch`; the next nonce. */
   private async signGroup(group: Outbox['queue'], nonce: bigint, batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<bigint> {
-    const sigs = await this.signAll(
+    const sigs = await this.signing.signAll(
       group.map((g) => g.entry),
       nonce,
     )

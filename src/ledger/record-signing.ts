@@ -1,0 +1,67 @@
+import type { LedgerEntry, LedgerWriter, SignedLedgerTx } from '../chain/ledger-tx.js'
+
+/** The same ledger record, field by field. */
+const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
+  a.id === b.id &&
+  a.parentTxHash === b.parentTxHash &&
+  a.agentId === b.agentId &&
+  a.amount === b.amount &&
+  a.protocol === b.protocol &&
+  a.origin === b.origin &&
+  a.pathHash === b.pathHash &&
+  a.depth === b.depth
+
+/**
+ * Which signature each of the outbox's records gets: the one made ahead for it (a lone
+ * payment's, while its retry was on the wire), when it still holds; else the signing thread's,
+ * one request a group.
+ */
+export class RecordSigning {
+  /** A record signed ahead, with the nonce and stamp it was signed under. */
+  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: SignedLedgerTx } | null = null
+
+  constructor(private readonly writer: LedgerWriter) {}
+
+  /**
+   * Sign `entry` under `nonce` now. Here, not on the signing thread: this thread is idle while
+   * the retry is on the wire, and the thread's answer would need a turn of this loop before
+   * the record could use it.
+   */
+  signAhead(entry: LedgerEntry, nonce: bigint): void {
+    try {
+      this.ahead = { entry, nonce, stamp: this.writer.stamp(), signed: this.writer.sign(entry, nonce) }
+    } catch {
+      this.ahead = null // the record is signed again when stored, and what is wrong reported then
+    }
+  }
+
+  /** Records up to (not including) `next` are stored: a guess below it can no longer hold. */
+  passed(next: bigint): void {
+    if (this.ahead && this.ahead.nonce < next) this.ahead = null
+  }
+
+  /** The signatures of `entries` under the nonces from `from` on. */
+  async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<SignedLedgerTx[]> {
+    const out: SignedLedgerTx[] = []
+    const rest: { entry: LedgerEntry; nonce: bigint }[] = []
+    const restAt: number[] = []
+    entries.forEach((entry, i) => {
+      const nonce = from + BigInt(i)
+      const a = this.ahead
+      if (a && a.nonce === nonce && sameEntry(a.entry, entry) && a.stamp === this.writer.stamp()) {
+        this.ahead = null
+        out[i] = a.signed
+      } else {
+        rest.push({ entry, nonce })
+        restAt.push(i)
+      }
+    })
+    if (rest.length) {
+      const signed = await this.writer.signMany(rest)
+      restAt.forEach((at, j) => {
+        out[at] = signed[j]!
+      })
+    }
+    return out
+  }
+}
