@@ -13,10 +13,11 @@ import { Wal, type WalOp } from './wal.js'
  * collection (a sublevel with JSON values); every multi-key change goes through
  * `batch`, which is atomic across collections.
  *
- * A batch is durable when its record is in the write-ahead log (`wal.ts`, one `writeSync`);
- * LevelDB is written behind it, several batches per write. Until then point reads (`get`,
- * `getMany`) are answered from the logged values, and range reads wait until LevelDB holds
- * every batch acknowledged before they began. Opening replays the log into LevelDB.
+ * A batch is durable when its record is in the write-ahead log (`wal.ts`, one `writeSync` for
+ * all the batches of a turn of the event loop); LevelDB is written behind it, several batches
+ * per write. Until then point reads (`get`, `getMany`) are answered from the logged (or
+ * staged) values, and range reads wait until LevelDB holds every batch made before they
+ * began. Opening replays the log into LevelDB.
  */
 type Sub<T> = ReturnType<Level<string, unknown>['sublevel']> & { __t?: T }
 
@@ -43,6 +44,14 @@ const APPLY_CHUNK = 512
 interface Logged {
   seq: number
   value: string | undefined
+}
+
+/** An encoded batch, numbered and readable, whose log write is still to come. */
+interface Staged {
+  seq: number
+  ops: WalOp[]
+  resolve: () => void
+  reject: (e: unknown) => void
 }
 
 const decodeLogged = <T>(l: Logged): T | undefined => (l.value === undefined ? undefined : (JSON.parse(l.value) as T))
@@ -117,9 +126,13 @@ export class LevelStore implements Store {
   private readonly locks = new KeyedMutex()
   private readonly initLock = new KeyedMutex()
   private wal!: Wal
-  /** batches called in this tick, logged together */
+  /** batches called in this tick, encoded together */
   private pending: { ops: BatchOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
   private flushQueued = false
+  /** encoded batches (readable in `overlay`) waiting for this turn's log write */
+  private staged: Staged[] = []
+  /** what `overlay` held for each key before the first staged batch changed it (restored if the log write fails) */
+  private stagedOver = new Map<string, Logged | undefined>()
   /** sequence number of the last logged batch, and of the last one in LevelDB */
   private seq = 0
   private appliedSeq = 0
@@ -242,9 +255,14 @@ export class LevelStore implements Store {
 
   /**
    * Apply puts and deletes across collections atomically. Resolves once logged; batches are
-   * logged and applied in the order `batch` was called (calls in one tick share one log write),
-   * so a key's later state never lands before an earlier one. A batch that cannot be encoded
-   * fails alone.
+   * logged and applied in the order `batch` was called, so a key's later state never lands
+   * before an earlier one. A batch that cannot be encoded fails alone.
+   *
+   * Group commit: the batches of a tick are encoded in a microtask and readable from then on
+   * (a `transact` holder's successor reads its write), and every batch staged in this turn of
+   * the event loop (under load, the callbacks of every socket ready at once) shares one log
+   * write, after those callbacks. If that write fails, each of its batches fails and what they
+   * staged is taken back.
    */
   batch(ops: BatchOp[]): Promise<void> {
     if (!ops.length) return Promise.resolve()
@@ -253,39 +271,64 @@ export class LevelStore implements Store {
       this.pending.push({ ops, resolve, reject })
       if (!this.flushQueued) {
         this.flushQueued = true
-        queueMicrotask(() => this.flush())
+        queueMicrotask(() => this.stage())
       }
     })
   }
 
-  private flush(): void {
+  /** Encode this tick's batches, number them and make them readable; the log write follows this turn. */
+  private stage(): void {
     this.flushQueued = false
     const group = this.pending.splice(0, this.pending.length)
-    const ok: { ops: WalOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
+    const first = !this.staged.length
     for (const b of group) {
+      let ops: WalOp[]
       try {
-        ok.push({ ops: b.ops.map(encode), resolve: b.resolve, reject: b.reject })
+        ops = b.ops.map(encode)
       } catch (e) {
         b.reject(e)
+        continue
       }
+      const seq = ++this.seq
+      for (const [key, value] of ops) {
+        if (!this.stagedOver.has(key)) this.stagedOver.set(key, this.overlay.get(key))
+        this.overlay.set(key, { seq, value })
+      }
+      this.staged.push({ seq, ops, resolve: b.resolve, reject: b.reject })
     }
-    if (!ok.length) return
+    if (first && this.staged.length) setImmediate(() => this.commit())
+  }
+
+  /** Log every staged batch in one write, then acknowledge them. */
+  private commit(): void {
+    const group = this.staged
+    if (!group.length) return
+    this.staged = []
+    const over = this.stagedOver
+    this.stagedOver = new Map()
     try {
       this.wal.append(
-        ok.map((b) => b.ops),
-        this.seq + ok.length,
+        group.map((b) => b.ops),
+        group[group.length - 1]!.seq,
       )
     } catch (e) {
-      for (const b of ok) b.reject(e)
+      // Nothing of this group is logged: its values leave the overlay and its numbers are reused.
+      for (const [key, before] of over) {
+        if (before) this.overlay.set(key, before)
+        else this.overlay.delete(key)
+      }
+      this.seq = group[0]!.seq - 1
+      for (const w of this.waiters) w.seq = Math.min(w.seq, this.seq)
+      this.release(this.appliedSeq)
+      for (const b of group) b.reject(e)
       return
     }
-    for (const b of ok) {
-      const seq = ++this.seq
-      for (const [key, value] of b.ops) this.overlay.set(key, { seq, value })
-      this.toApply.push({ seq, ops: b.ops })
+    for (const b of group) {
+      this.toApply.push({ seq: b.seq, ops: b.ops })
       b.resolve()
     }
-    this.scheduleApply(false)
+    // A range read that began while these were staged waits for them.
+    this.scheduleApply(this.waiters.length > 0)
   }
 
   /** Start writing into LevelDB after `applyDelayMs`, or `now` (someone waits for it). */
@@ -340,13 +383,7 @@ export class LevelStore implements Store {
       this.appliedSeq = last
       for (const key of merged.keys()) if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
       this.wal.retire(last)
-      if (this.waiters.length) {
-        this.waiters = this.waiters.filter((w) => {
-          if (w.seq > last) return true
-          w.resolve()
-          return false
-        })
-      }
+      this.release(last)
       // What was logged meanwhile waits its own delay, unless someone waits for it or a
       // backlog of a full slice or more has built up (then other work runs between slices).
       if (this.waiters.length || this.closing) continue
@@ -357,7 +394,17 @@ export class LevelStore implements Store {
     this.scheduleApply(false)
   }
 
-  /** Resolves when LevelDB holds every batch logged so far. */
+  /** Resolve the range reads waiting for batches up to `applied`. */
+  private release(applied: number): void {
+    if (!this.waiters.length) return
+    this.waiters = this.waiters.filter((w) => {
+      if (w.seq > applied) return true
+      w.resolve()
+      return false
+    })
+  }
+
+  /** Resolves when LevelDB holds every batch made so far (one whose log write fails counts as held). */
   settled(): Promise<void> {
     const seq = this.seq
     if (this.appliedSeq >= seq) return Promise.resolve()
@@ -370,7 +417,8 @@ export class LevelStore implements Store {
   /** Write what is logged into LevelDB and close; the log is removed when LevelDB holds all of it. */
   close(): Promise<void> {
     this.closed ??= (async () => {
-      if (this.pending.length) this.flush()
+      if (this.pending.length) this.stage()
+      this.commit()
       this.closing = true
       const applied = await this.settled().then(
         () => true,

@@ -171,3 +171,89 @@ t.test('a log left in the JSON record format of earlier versions is replayed as 
   await c.put('d', { s: 'ü \u{1F600} "x"' })
   t.same(await c.get('d'), { s: 'ü \u{1F600} "x"' })
 })
+
+/** Counts the store's log writes from now on; `failNext` makes the next one throw. */
+function watchLog(store: LevelStore): { writes: () => number; failNext: () => void } {
+  const wal = (store as unknown as { wal: { append: (...a: unknown[]) => void } }).wal
+  const append = wal.append.bind(wal)
+  let writes = 0
+  let fail = false
+  wal.append = (...a: unknown[]) => {
+    writes++
+    if (fail) {
+      fail = false
+      throw Object.assign(new Error('no space left on device'), { code: 'ENOSPC' })
+    }
+    append(...a)
+  }
+  return { writes: () => writes, failNext: () => (fail = true) }
+}
+
+t.test('batches of one turn of the event loop share one log write, and each is readable once its tick ends', async (t) => {
+  const store = await openTemp(t)
+  const c = store.collection<number>('things')
+  const log = watchLog(store)
+  const writes: Promise<void>[] = []
+  const readsBetween: (number | undefined)[] = []
+  for (let i = 0; i < 20; i++) {
+    writes.push(store.batch([{ type: 'put', coll: c, key: `k${i}`, value: i }]))
+    await Promise.resolve() // the next batch comes in a later tick of the same turn
+    await Promise.resolve()
+    readsBetween.push(await c.get(`k${i}`))
+  }
+  t.same(
+    readsBetween,
+    Array.from({ length: 20 }, (_, i) => i),
+    'each batch is readable before the log write',
+  )
+  t.equal(log.writes(), 0, 'nothing written yet: the turn is not over')
+  await Promise.all(writes)
+  t.equal(log.writes(), 1, 'twenty batches, one log write')
+  // A batch alone in its turn is written in that turn.
+  await new Promise((r) => setImmediate(r))
+  await store.batch([{ type: 'put', coll: c, key: 'alone', value: 1 }])
+  t.equal(log.writes(), 2)
+})
+
+t.test('a log write that fails fails every batch of its turn and takes back what they staged', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  const store = await LevelStore.open(dir)
+  const c = store.collection<string>('things')
+  await store.batch([{ type: 'put', coll: c, key: 'kept', value: 'before' }])
+  await store.batch([{ type: 'put', coll: c, key: 'applied', value: 'before' }])
+  await store.settled()
+  await store.batch([{ type: 'put', coll: c, key: 'logged', value: 'before' }]) // in the log, not yet in LevelDB
+  const log = watchLog(store)
+  log.failNext()
+  const a = store.batch([
+    { type: 'put', coll: c, key: 'kept', value: 'lost' },
+    { type: 'put', coll: c, key: 'fresh', value: 'lost' },
+  ])
+  await Promise.resolve()
+  const b = store.batch([
+    { type: 'del', coll: c, key: 'applied' },
+    { type: 'put', coll: c, key: 'logged', value: 'lost' },
+  ])
+  await Promise.resolve()
+  t.equal(await c.get('kept'), 'lost', 'staged, readable')
+  // A range read that starts now waits for the staged batches, and is not left waiting when they fail.
+  const range = (async () => {
+    const seen: string[] = []
+    for await (const [k] of c.entries()) seen.push(k)
+    return seen
+  })()
+  const results = await Promise.allSettled([a, b])
+  t.same(
+    results.map((r) => (r.status === 'rejected' ? (r.reason as Error).message : 'written')),
+    ['no space left on device', 'no space left on device'],
+  )
+  t.same(await c.getMany(['kept', 'fresh', 'applied', 'logged']), ['before', undefined, 'before', 'before'], 'every value as before the failed write')
+  t.same((await range).sort(), ['applied', 'kept', 'logged'])
+  await store.batch([{ type: 'put', coll: c, key: 'after', value: 'written' }])
+  t.equal(log.writes(), 2, 'the failed write, then the next turn')
+  await store.close()
+  const again = await LevelStore.open(dir)
+  t.teardown(() => again.close())
+  const d = again.collection<string>('things')
+  t.same(await d.getMany(['kept', 'fresh', 'applied', 'logged', 'after']), ['before', undefined, 'before', 'before', 'written'], 'the same after a restart')
+})
