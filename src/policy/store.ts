@@ -3,11 +3,12 @@ import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
 import { defaultPolicy, mergePolicy, policyView, type StoredPolicy } from './model.js'
 import { emptyUsage, type UsageState } from './usage.js'
+import { type StoredUsage, storedUsage, usageFromStore } from './usage-codec.js'
 
 /** Policies and usage per agent, in LevelDB; changes for one agent are serialised. */
 export class PolicyStore {
   private readonly policies: Collection<StoredPolicy>
-  private readonly usage: Collection<UsageState>
+  private readonly usage: Collection<StoredUsage>
 
   /** Write-through caches: this process is the only writer of its data directory. */
   private readonly policyCache = new Map<string, StoredPolicy>()
@@ -63,11 +64,11 @@ export class PolicyStore {
   }
 
   async usageOf(agentId: string): Promise<UsageState> {
-    if (!this.cached) return (await this.usage.get(agentId)) ?? emptyUsage()
+    if (!this.cached) return this.readUsage(agentId)
     const hit = this.usageCache.get(agentId)
     if (hit) return hit
     const revision = this.registry.revision
-    const u = (await this.usage.get(agentId)) ?? emptyUsage()
+    const u = await this.readUsage(agentId)
     // A cached value that came in meanwhile (`usageOp`) is newer than what was read.
     if (revision === this.registry.revision && !this.usageCache.has(agentId)) this.usageCache.set(agentId, u)
     return this.usageCache.get(agentId) ?? u
@@ -81,9 +82,14 @@ export class PolicyStore {
    * batch fails.
    */
   usageOp(agentId: string, u: UsageState): BatchOp {
-    if (!this.cached) return { type: 'put', coll: this.usage, key: agentId, value: u }
+    if (!this.cached) return { type: 'put', coll: this.usage, key: agentId, value: storedUsage(u) }
     this.usageCache.set(agentId, u)
-    return { type: 'put', coll: this.usage, key: agentId, value: u, latest: () => this.usageCache.get(agentId) ?? u }
+    return { type: 'put', coll: this.usage, key: agentId, value: storedUsage(u), latest: () => storedUsage(this.usageCache.get(agentId) ?? u) }
+  }
+
+  private async readUsage(agentId: string): Promise<UsageState> {
+    const s = await this.usage.get(agentId)
+    return s ? usageFromStore(s) : emptyUsage()
   }
 
   forgetUsage(agentId: string): void {

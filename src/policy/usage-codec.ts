@@ -1,0 +1,46 @@
+import type { UsageState } from './usage.js'
+
+/**
+ * Usage as stored: the payment times are one string, the first time then the gaps between
+ * times (`"1795816066731,1,2,1"`), where a JSON array of times took 14 characters a payment.
+ * Usage is written twice a payment (its hold, its commit), so this was a kilobyte of JSON to
+ * make and log each time, and number formatting at that. Records of earlier versions, with the
+ * times as an array, are read as they are.
+ */
+export type StoredUsage = Omit<UsageState, 'payments'> & { payments: number[] | string }
+
+/** The encoding of each payments array, kept while the array lives: a hold shares its usage's array, so its write reuses the commit's. */
+const encoded = new WeakMap<number[], string>()
+
+function encodeTimes(times: number[]): string {
+  let s = encoded.get(times)
+  if (s !== undefined) return s
+  s = ''
+  let prev = 0
+  for (let i = 0; i < times.length; i++) {
+    const t = times[i]!
+    s += i ? `,${t - prev}` : `${t}`
+    prev = t
+  }
+  encoded.set(times, s)
+  return s
+}
+
+function decodeTimes(s: string): number[] {
+  if (!s) return []
+  const times: number[] = []
+  let prev = 0
+  for (const part of s.split(',')) {
+    prev += Number(part)
+    times.push(prev)
+  }
+  return times
+}
+
+export function storedUsage(u: UsageState): StoredUsage {
+  return { ...u, payments: encodeTimes(u.payments) }
+}
+
+export function usageFromStore(s: StoredUsage): UsageState {
+  return typeof s.payments === 'string' ? { ...s, payments: decodeTimes(s.payments) } : (s as UsageState)
+}
