@@ -131,9 +131,9 @@ export class LevelStore implements Store {
   private flushQueued = false
   /** encoded batches (readable in `overlay`) waiting for this turn's log write */
   private staged: Staged[] = []
-  /** what `overlay` held for each key before the first staged batch changed it (restored if the log write fails) */
-  private stagedOver = new Map<string, Logged | undefined>()
-  /** sequence number of the last logged batch, and of the last one in LevelDB */
+  /** the slice being written into LevelDB, its keys' last values and its last sequence number */
+  private inApply: { merged: Map<string, string | undefined>; last: number } | null = null
+  /** sequence number of the last staged (or logged) batch, and of the last one in LevelDB */
   private seq = 0
   private appliedSeq = 0
   private readonly overlay = new Map<string, Logged>()
@@ -290,10 +290,7 @@ export class LevelStore implements Store {
         continue
       }
       const seq = ++this.seq
-      for (const [key, value] of ops) {
-        if (!this.stagedOver.has(key)) this.stagedOver.set(key, this.overlay.get(key))
-        this.overlay.set(key, { seq, value })
-      }
+      for (const [key, value] of ops) this.overlay.set(key, { seq, value })
       this.staged.push({ seq, ops, resolve: b.resolve, reject: b.reject })
     }
     if (first && this.staged.length) setImmediate(() => this.commit())
@@ -304,8 +301,6 @@ export class LevelStore implements Store {
     const group = this.staged
     if (!group.length) return
     this.staged = []
-    const over = this.stagedOver
-    this.stagedOver = new Map()
     try {
       this.wal.append(
         group.map((b) => b.ops),
@@ -313,11 +308,8 @@ export class LevelStore implements Store {
       )
     } catch (e) {
       // Nothing of this group is logged: its values leave the overlay and its numbers are reused.
-      for (const [key, before] of over) {
-        if (before) this.overlay.set(key, before)
-        else this.overlay.delete(key)
-      }
       this.seq = group[0]!.seq - 1
+      for (const b of group) for (const [key] of b.ops) this.unstage(key)
       for (const w of this.waiters) w.seq = Math.min(w.seq, this.seq)
       this.release(this.appliedSeq)
       for (const b of group) b.reject(e)
@@ -329,6 +321,22 @@ export class LevelStore implements Store {
     }
     // A range read that began while these were staged waits for them.
     this.scheduleApply(this.waiters.length > 0)
+  }
+
+  /**
+   * What a read of `key` finds once the staged batches are taken back: the newest logged value
+   * not yet in LevelDB, else LevelDB's (no entry). A rare path, so found by a scan, where
+   * remembering each key's value before staging cost every batch.
+   */
+  private unstage(key: string): void {
+    for (let i = this.toApply.length - 1; i >= 0; i--) {
+      const b = this.toApply[i]!
+      for (let j = b.ops.length - 1; j >= 0; j--) {
+        if (b.ops[j]![0] === key) return void this.overlay.set(key, { seq: b.seq, value: b.ops[j]![1] })
+      }
+    }
+    if (this.inApply?.merged.has(key)) this.overlay.set(key, { seq: this.inApply.last, value: this.inApply.merged.get(key) })
+    else this.overlay.delete(key)
   }
 
   /** Start writing into LevelDB after `applyDelayMs`, or `now` (someone waits for it). */
@@ -362,6 +370,7 @@ export class LevelStore implements Store {
       }
       const group = this.toApply.splice(0, n)
       const last = group[group.length - 1]!.seq
+      this.inApply = { merged, last }
       for (let delay = 50; ; delay = Math.min(2 * delay, 2000)) {
         try {
           await this.db.batch(levelOps(merged) as never)
@@ -373,6 +382,7 @@ export class LevelStore implements Store {
           this.applyError = e
           if (this.closing) {
             this.toApply.unshift(...group)
+            this.inApply = null
             this.applying = false
             for (const w of this.waiters.splice(0)) w.reject(e)
             return
@@ -381,6 +391,7 @@ export class LevelStore implements Store {
         }
       }
       this.appliedSeq = last
+      this.inApply = null
       for (const key of merged.keys()) if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
       this.wal.retire(last)
       this.release(last)

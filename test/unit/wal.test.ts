@@ -222,6 +222,18 @@ t.test('a log write that fails fails every batch of its turn and takes back what
   await store.batch([{ type: 'put', coll: c, key: 'kept', value: 'before' }])
   await store.batch([{ type: 'put', coll: c, key: 'applied', value: 'before' }])
   await store.settled()
+  await store.batch([{ type: 'put', coll: c, key: 'flying', value: 'before' }])
+  // LevelDB's next write is held open until the failing log write is over: 'flying' is in flight then.
+  const db = (store as unknown as { db: { batch: (...a: unknown[]) => Promise<void> } }).db
+  const dbBatch = db.batch.bind(db)
+  let open!: () => void
+  const held = new Promise<void>((r) => (open = r))
+  db.batch = async (...a: unknown[]) => {
+    db.batch = dbBatch
+    await held
+    return dbBatch(...a)
+  }
+  const flying = store.settled()
   await store.batch([{ type: 'put', coll: c, key: 'logged', value: 'before' }]) // in the log, not yet in LevelDB
   const log = watchLog(store)
   log.failNext()
@@ -233,6 +245,7 @@ t.test('a log write that fails fails every batch of its turn and takes back what
   const b = store.batch([
     { type: 'del', coll: c, key: 'applied' },
     { type: 'put', coll: c, key: 'logged', value: 'lost' },
+    { type: 'put', coll: c, key: 'flying', value: 'lost' },
   ])
   await Promise.resolve()
   t.equal(await c.get('kept'), 'lost', 'staged, readable')
@@ -247,13 +260,15 @@ t.test('a log write that fails fails every batch of its turn and takes back what
     results.map((r) => (r.status === 'rejected' ? (r.reason as Error).message : 'written')),
     ['no space left on device', 'no space left on device'],
   )
-  t.same(await c.getMany(['kept', 'fresh', 'applied', 'logged']), ['before', undefined, 'before', 'before'], 'every value as before the failed write')
-  t.same((await range).sort(), ['applied', 'kept', 'logged'])
+  t.same(await c.getMany(['kept', 'fresh', 'applied', 'logged', 'flying']), ['before', undefined, 'before', 'before', 'before'], 'every value as before the failed write')
+  open()
+  await flying
+  t.same((await range).sort(), ['applied', 'flying', 'kept', 'logged'])
   await store.batch([{ type: 'put', coll: c, key: 'after', value: 'written' }])
   t.equal(log.writes(), 2, 'the failed write, then the next turn')
   await store.close()
   const again = await LevelStore.open(dir)
   t.teardown(() => again.close())
   const d = again.collection<string>('things')
-  t.same(await d.getMany(['kept', 'fresh', 'applied', 'logged', 'after']), ['before', undefined, 'before', 'before', 'written'], 'the same after a restart')
+  t.same(await d.getMany(['kept', 'fresh', 'applied', 'logged', 'flying', 'after']), ['before', undefined, 'before', 'before', 'before', 'written'], 'the same after a restart')
 })
