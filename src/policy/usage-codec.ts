@@ -9,12 +9,17 @@ import type { UsageState } from './usage.js'
  */
 export type StoredUsage = Omit<UsageState, 'payments'> & { payments: number[] | string }
 
-/** The encoding of each payments array, kept while the array lives: a hold shares its usage's array, so its write reuses the commit's. */
+/**
+ * The encoding of each payments array, kept while the array lives: a hold shares its usage's
+ * array, so its write reuses the commit's. (Usage is replaced, never changed in place.)
+ */
 const encoded = new WeakMap<number[], string>()
 
-function encodeTimes(times: number[]): string {
+/** Times as gaps; whole milliseconds only (fractions would add up rounding errors: kept as an array). */
+function encodeTimes(times: number[]): string | number[] {
   let s = encoded.get(times)
   if (s !== undefined) return s
+  if (!times.every(Number.isSafeInteger)) return times
   s = ''
   let prev = 0
   for (let i = 0; i < times.length; i++) {

@@ -19,6 +19,12 @@ t.test('payment times round-trip through their stored string: none, one, many, a
   }
 })
 
+t.test('times that are not whole milliseconds stay an array', async (t) => {
+  const u: UsageState = { periodStart: base, spent: '1', payments: [base + 0.1, base + 0.3] }
+  t.same(storedUsage(u).payments, u.payments)
+  t.same(usageFromStore(JSON.parse(JSON.stringify(storedUsage(u)))), u)
+})
+
 t.test('usage of an earlier version, with its times as an array, is read as it is', async (t) => {
   const old = { periodStart: base, spent: '7', payments: [base, base + 10], perMinute: [[base - (base % 60_000), 2]] }
   t.same(usageFromStore(old as StoredUsage), old)
