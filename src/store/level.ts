@@ -309,7 +309,7 @@ export class LevelStore implements Store {
     } catch (e) {
       // Nothing of this group is logged: its values leave the overlay and its numbers are reused.
       this.seq = group[0]!.seq - 1
-      for (const b of group) for (const [key] of b.ops) this.unstage(key)
+      this.unstage(new Set(group.flatMap((b) => b.ops.map(([key]) => key))))
       for (const w of this.waiters) w.seq = Math.min(w.seq, this.seq)
       this.release(this.appliedSeq)
       for (const b of group) b.reject(e)
@@ -324,19 +324,23 @@ export class LevelStore implements Store {
   }
 
   /**
-   * What a read of `key` finds once the staged batches are taken back: the newest logged value
-   * not yet in LevelDB, else LevelDB's (no entry). A rare path, so found by a scan, where
-   * remembering each key's value before staging cost every batch.
+   * Take staged values of `keys` back: each reads as its newest logged value not yet in LevelDB,
+   * else as LevelDB has it (no entry). A rare path, so found by one scan of what waits for
+   * LevelDB, where remembering each key's value as it was staged cost every batch.
    */
-  private unstage(key: string): void {
-    for (let i = this.toApply.length - 1; i >= 0; i--) {
+  private unstage(keys: Set<string>): void {
+    const left = new Set(keys)
+    for (let i = this.toApply.length - 1; i >= 0 && left.size; i--) {
       const b = this.toApply[i]!
       for (let j = b.ops.length - 1; j >= 0; j--) {
-        if (b.ops[j]![0] === key) return void this.overlay.set(key, { seq: b.seq, value: b.ops[j]![1] })
+        const [key, value] = b.ops[j]!
+        if (left.delete(key)) this.overlay.set(key, { seq: b.seq, value })
       }
     }
-    if (this.inApply?.merged.has(key)) this.overlay.set(key, { seq: this.inApply.last, value: this.inApply.merged.get(key) })
-    else this.overlay.delete(key)
+    for (const key of left) {
+      if (this.inApply?.merged.has(key)) this.overlay.set(key, { seq: this.inApply.last, value: this.inApply.merged.get(key) })
+      else this.overlay.delete(key)
+    }
   }
 
   /** Start writing into LevelDB after `applyDelayMs`, or `now` (someone waits for it). */
