@@ -174,7 +174,7 @@ t.test('a log left in the JSON record format of earlier versions is replayed as 
 
 /** Counts the store's log writes from now on; `failNext` makes the next one throw. */
 function watchLog(store: LevelStore): { writes: () => number; failNext: () => void } {
-  const wal = (store as unknown as { wal: { append: (...a: unknown[]) => void } }).wal
+  const wal = (store as unknown as { writes: { wal: { append: (...a: unknown[]) => void } } }).writes.wal
   const append = wal.append.bind(wal)
   let writes = 0
   let fail = false

@@ -1,0 +1,282 @@
+import type { BatchOp } from './types.js'
+import type { Wal, WalOp } from './wal.js'
+
+/**
+ * The LevelDB store's write path (`level.ts`): batches are staged (readable at once), logged
+ * together once a turn of the event loop (group commit), and written into LevelDB behind the
+ * log, several batches per write, a key written several times only in its last state.
+ */
+
+/**
+ * How long logged batches wait to be written into LevelDB. A paid record is rewritten when its
+ * ledger record is confirmed, about 0.3-0.9 s later, and its outbox entry deleted: a second
+ * apart, the two writes of each mostly land in one slice (one put, a delete instead of a put).
+ */
+export const APPLY_DELAY_MS = 1000
+/** Distinct keys per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
+const APPLY_CHUNK = 512
+
+/** A logged value not yet in LevelDB (`value` undefined: deleted), with the batch that wrote it. */
+export interface Logged {
+  seq: number
+  value: string | undefined
+}
+
+/** An encoded batch, numbered and readable, whose log write is still to come. */
+interface Staged {
+  seq: number
+  ops: WalOp[]
+  resolve: () => void
+  reject: (e: unknown) => void
+}
+
+/** What the write path needs of LevelDB: a batch of text keys and values. */
+export interface TextBatches {
+  batch(ops: { type: 'put' | 'del'; key: string; value?: string }[]): Promise<void>
+}
+
+/** One op as logged: the full LevelDB key (the collection's sublevel prefix and the key) and the value's JSON text. */
+function encode(op: BatchOp): WalOp {
+  const key = (op.coll as unknown as { prefix: string }).prefix + op.key
+  if (op.type === 'del') return [key]
+  const value = op.latest ? op.latest() : op.value
+  if (value === null || value === undefined) throw new TypeError(`store: a put needs a value (${op.coll.name}/${op.key})`)
+  return [key, JSON.stringify(value)]
+}
+
+export function levelOps(ops: Iterable<WalOp>): { type: 'put' | 'del'; key: string; value?: string }[] {
+  const out: { type: 'put' | 'del'; key: string; value?: string }[] = []
+  for (const [key, value] of ops) out.push(value === undefined ? { type: 'del', key } : { type: 'put', key, value })
+  return out
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+export class WriteBehind {
+  /** batches called in this tick, encoded together */
+  private pending: { ops: readonly BatchOp[]; resolve: () => void; reject: (e: unknown) => void }[] = []
+  private flushQueued = false
+  /** encoded batches (readable in `overlay`) waiting for this turn's log write */
+  private staged: Staged[] = []
+  /** the slice being written into LevelDB, its keys' last values and its last sequence number */
+  private inApply: { merged: Map<string, string | undefined>; last: number } | null = null
+  /** sequence number of the last staged (or logged) batch, and of the last one in LevelDB */
+  private seq = 0
+  private appliedSeq = 0
+  private readonly overlay = new Map<string, Logged>()
+  private toApply: { seq: number; ops: WalOp[] }[] = []
+  private applying = false
+  private applyTimer: NodeJS.Timeout | null = null
+  private waiters: { seq: number; resolve: () => void; reject: (e: unknown) => void }[] = []
+  /** Set by `finish`: no batch is taken from then on. */
+  closing = false
+  /** The last LevelDB write error, while writes behind the log are being retried. */
+  applyError: unknown
+
+  constructor(
+    private readonly db: TextBatches,
+    private readonly wal: Wal,
+    private readonly applyDelayMs: number,
+    private readonly onApplyError: (e: unknown) => void,
+  ) {}
+
+  /** The logged (or staged) state of a full key while it is not yet in LevelDB. */
+  logged(key: string): Logged | undefined {
+    return this.overlay.get(key)
+  }
+
+  /**
+   * Apply puts and deletes across collections atomically. Resolves once logged; batches are
+   * logged and applied in the order `batch` was called, so a key's later state never lands
+   * before an earlier one. A batch that cannot be encoded fails alone.
+   *
+   * Group commit: the batches of a tick are encoded in a microtask and readable from then on
+   * (a `transact` holder's successor reads its write), and every batch staged in this turn of
+   * the event loop (under load, the callbacks of every socket ready at once) shares one log
+   * write, after those callbacks. If that write fails, each of its batches fails and what they
+   * staged is taken back.
+   */
+  batch(ops: readonly BatchOp[]): Promise<void> {
+    if (!ops.length) return Promise.resolve()
+    if (this.closing) return Promise.reject(new Error('store: closed'))
+    return new Promise((resolve, reject) => {
+      this.pending.push({ ops, resolve, reject })
+      if (!this.flushQueued) {
+        this.flushQueued = true
+        queueMicrotask(() => this.stage())
+      }
+    })
+  }
+
+  /** Encode this tick's batches, number them and make them readable; the log write follows this turn. */
+  private stage(): void {
+    this.flushQueued = false
+    const group = this.pending.splice(0, this.pending.length)
+    const first = !this.staged.length
+    for (const b of group) {
+      let ops: WalOp[]
+      try {
+        ops = b.ops.map(encode)
+      } catch (e) {
+        b.reject(e)
+        continue
+      }
+      const seq = ++this.seq
+      for (const [key, value] of ops) this.overlay.set(key, { seq, value })
+      this.staged.push({ seq, ops, resolve: b.resolve, reject: b.reject })
+    }
+    if (first && this.staged.length) setImmediate(() => this.commit())
+  }
+
+  /** Log every staged batch in one write, then acknowledge them. */
+  private commit(): void {
+    const group = this.staged
+    if (!group.length) return
+    this.staged = []
+    try {
+      this.wal.append(
+        group.map((b) => b.ops),
+        group[group.length - 1]!.seq,
+      )
+    } catch (e) {
+      // Nothing of this group is logged: its values leave the overlay and its numbers are reused.
+      this.seq = group[0]!.seq - 1
+      this.unstage(new Set(group.flatMap((b) => b.ops.map(([key]) => key))))
+      for (const w of this.waiters) w.seq = Math.min(w.seq, this.seq)
+      this.release(this.appliedSeq)
+      for (const b of group) b.reject(e)
+      return
+    }
+    for (const b of group) {
+      this.toApply.push({ seq: b.seq, ops: b.ops })
+      b.resolve()
+    }
+    // A range read that began while these were staged waits for them.
+    this.scheduleApply(this.waiters.length > 0)
+  }
+
+  /**
+   * Take staged values of `keys` back: each reads as its newest logged value not yet in LevelDB,
+   * else as LevelDB has it (no entry). A rare path, so found by one scan of what waits for
+   * LevelDB, where remembering each key's value as it was staged cost every batch.
+   */
+  private unstage(keys: Set<string>): void {
+    const left = new Set(keys)
+    for (let i = this.toApply.length - 1; i >= 0 && left.size; i--) {
+      const b = this.toApply[i]!
+      for (let j = b.ops.length - 1; j >= 0; j--) {
+        const [key, value] = b.ops[j]!
+        if (left.delete(key)) this.overlay.set(key, { seq: b.seq, value })
+      }
+    }
+    for (const key of left) {
+      if (this.inApply?.merged.has(key)) this.overlay.set(key, { seq: this.inApply.last, value: this.inApply.merged.get(key) })
+      else this.overlay.delete(key)
+    }
+  }
+
+  /** Start writing into LevelDB after `applyDelayMs`, or `now` (someone waits for it). */
+  private scheduleApply(now: boolean): void {
+    if (this.applying || !this.toApply.length) return
+    if (now && this.applyTimer) {
+      clearTimeout(this.applyTimer)
+      this.applyTimer = null
+    }
+    if (this.applyTimer) return
+    const start = (): void => {
+      this.applyTimer = null
+      this.applying = true
+      void this.apply()
+    }
+    if (now) start()
+    else this.applyTimer = setTimeout(start, this.applyDelayMs)
+  }
+
+  /**
+   * Write what is logged into LevelDB: up to APPLY_CHUNK ops per write, a key written
+   * several times only in its last state. Retried until it works or the store closes.
+   */
+  private async apply(): Promise<void> {
+    while (this.toApply.length) {
+      // A slice is counted in distinct keys: batches that rewrite the same keys share one.
+      const merged = new Map<string, string | undefined>()
+      let n = 0
+      while (n < this.toApply.length && (n === 0 || merged.size + this.toApply[n]!.ops.length <= APPLY_CHUNK)) {
+        for (const [key, value] of this.toApply[n++]!.ops) merged.set(key, value)
+      }
+      const group = this.toApply.splice(0, n)
+      const last = group[group.length - 1]!.seq
+      this.inApply = { merged, last }
+      for (let delay = 50; ; delay = Math.min(2 * delay, 2000)) {
+        try {
+          await this.db.batch(levelOps(merged))
+          if (this.applyError !== undefined) this.onApplyError(undefined)
+          this.applyError = undefined
+          break
+        } catch (e) {
+          if (this.applyError === undefined) this.onApplyError(e)
+          this.applyError = e
+          if (this.closing) {
+            this.toApply.unshift(...group)
+            this.inApply = null
+            this.applying = false
+            for (const w of this.waiters.splice(0)) w.reject(e)
+            return
+          }
+          await sleep(delay)
+        }
+      }
+      this.appliedSeq = last
+      this.inApply = null
+      for (const key of merged.keys()) if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
+      this.wal.retire(last)
+      this.release(last)
+      // What was logged meanwhile waits its own delay, unless someone waits for it or a
+      // backlog of a full slice or more has built up (then other work runs between slices).
+      if (this.waiters.length || this.closing) continue
+      if (this.toApply.reduce((k, b) => k + b.ops.length, 0) < APPLY_CHUNK) break
+      await new Promise((r) => setImmediate(r))
+    }
+    this.applying = false
+    this.scheduleApply(false)
+  }
+
+  /** Resolve the range reads waiting for batches up to `applied`. */
+  private release(applied: number): void {
+    if (!this.waiters.length) return
+    this.waiters = this.waiters.filter((w) => {
+      if (w.seq > applied) return true
+      w.resolve()
+      return false
+    })
+  }
+
+  /** Resolves when LevelDB holds every batch made so far (one whose log write fails counts as held). */
+  settled(): Promise<void> {
+    const seq = this.seq
+    if (this.appliedSeq >= seq) return Promise.resolve()
+    return new Promise((resolve, reject) => {
+      this.waiters.push({ seq, resolve, reject })
+      this.scheduleApply(true)
+    })
+  }
+
+  /**
+   * Log what is staged, stop taking batches and write everything into LevelDB; resolves
+   * whether LevelDB then holds all of it (the log can go). The log stays open: `closeLog`.
+   */
+  async finish(): Promise<boolean> {
+    if (this.pending.length) this.stage()
+    this.commit()
+    this.closing = true
+    return this.settled().then(
+      () => true,
+      () => false,
+    )
+  }
+
+  /** Close the log; with `applied`, everything in it is in LevelDB and its files are removed. */
+  closeLog(applied: boolean): void {
+    this.wal.close(applied)
+  }
+}
