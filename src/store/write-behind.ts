@@ -156,12 +156,12 @@ export class WriteBehind {
   }
 
   /**
-   * Take staged values of `keys` back: each reads as its newest logged value not yet in LevelDB,
-   * else as LevelDB has it (no entry). A rare path, so found by one scan of what waits for
-   * LevelDB, where remembering each key's value as it was staged cost every batch.
+   * Take staged values of the keys `left` back (the set is used up): each reads as its newest
+   * logged value not yet in LevelDB, else as LevelDB has it (no entry). A rare path, so found by
+   * one scan of what waits for LevelDB, where remembering each key's value as it was staged
+   * cost every batch.
    */
-  private unstage(keys: Set<string>): void {
-    const left = new Set(keys)
+  private unstage(left: Set<string>): void {
     for (let i = this.toApply.length - 1; i >= 0 && left.size; i--) {
       const b = this.toApply[i]!
       for (let j = b.ops.length - 1; j >= 0; j--) {
