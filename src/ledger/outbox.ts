@@ -221,7 +221,8 @@ export class Outbox {
       const signed = sigs[i]!
       const e: OutboxEntry = { nonce: nonce.toString(), txId: g.txId, raw: signed.raw, hash: signed.hash }
       stored.push(e)
-      batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e })
+      // A nonce is stored once (the next one is stored with it): its entry is fresh, and deleted within a second or so.
+      batch.push({ type: 'put', coll: this.entries, key: nonceKey(nonce), value: e, fresh: true })
       batch.push(...g.ops(signed.hash))
       hashes.push(signed.hash)
       nonce++

@@ -144,7 +144,7 @@ export class Transactions {
     this.byParent = store.collection('txByParent')
   }
 
-  /** Batch ops that write `next` (replacing `prev`) with its index entries. */
+  /** Batch ops that write `next` (replacing `prev`; none only for a new record) with its index entries. */
   ops(next: TxRecord, prev?: TxRecord): BatchOp[] {
     if (this.live.has(next.id)) {
       const settled = next.status !== 'open' && next.ledger !== undefined && next.ledger.status !== 'queued'
@@ -159,8 +159,10 @@ export class Transactions {
       ops.push({ type: 'del', coll: this.byAgentStatus, key: `${prev.agentId}\x00${prev.status}\x00${prev.id}` })
     }
     if (!prev || prev.status !== next.status) {
-      ops.push({ type: 'put', coll: this.byStatus, key: `${next.status}\x00${next.id}`, value: '' })
-      ops.push({ type: 'put', coll: this.byAgentStatus, key: `${next.agentId}\x00${next.status}\x00${next.id}`, value: '' })
+      // A new record's entries are fresh: a payment's `pending` ones are deleted again within a second.
+      const fresh = !prev
+      ops.push({ type: 'put', coll: this.byStatus, key: `${next.status}\x00${next.id}`, value: '', fresh })
+      ops.push({ type: 'put', coll: this.byAgentStatus, key: `${next.agentId}\x00${next.status}\x00${next.id}`, value: '', fresh })
     }
     if (next.txHash && next.txHash !== prev?.txHash) ops.push({ type: 'put', coll: this.byHash, key: next.txHash.toLowerCase(), value: next.id })
     return ops

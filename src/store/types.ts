@@ -26,8 +26,12 @@ export interface RangeOptions {
 }
 
 export type BatchOp =
-  /** `latest`: the value is taken when the batch is logged (the newest state of a key kept in memory). */
-  { type: 'put'; coll: Collection<unknown>; key: string; value: unknown; latest?: () => unknown } | { type: 'del'; coll: Collection<unknown>; key: string }
+  /**
+   * `latest`: the value is taken when the batch is logged (the newest state of a key kept in memory).
+   * `fresh`: the writer knows the key was never written before (a new record's index entry, a
+   * new nonce): deleted again before it reaches LevelDB, it is not written there at all.
+   */
+  { type: 'put'; coll: Collection<unknown>; key: string; value: unknown; latest?: () => unknown; fresh?: boolean } | { type: 'del'; coll: Collection<unknown>; key: string }
 
 /** What a transact() section can do besides reading and returning its batch. */
 export interface Txn {

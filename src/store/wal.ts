@@ -16,7 +16,8 @@ import { crc32 } from 'node:zlib'
  * encoding it cost as much as encoding the values. A file past `maxBytes` is closed and a
  * new one started; the store removes a closed file once everything in it is in LevelDB.
  */
-export type WalOp = [key: string, value?: string]
+/** `fresh`: in memory only, never logged (see `BatchOp`). */
+export type WalOp = [key: string, value?: string, fresh?: true]
 
 const HEADER = 8
 const BINARY = 1

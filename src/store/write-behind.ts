@@ -35,18 +35,41 @@ export interface TextBatches {
   batch(ops: { type: 'put' | 'del'; key: string; value?: string }[]): Promise<void>
 }
 
-/** One op as logged: the full LevelDB key (the collection's sublevel prefix and the key) and the value's JSON text. */
-function encode(op: BatchOp): WalOp {
-  const key = (op.coll as unknown as { prefix: string }).prefix + op.key
+/** A batch this long or shorter is encoded op by op, without looking for keys it writes twice. */
+const DEDUPE_FROM = 8
+
+/** The full LevelDB key of an op: the collection's sublevel prefix and the key. */
+const fullKey = (op: BatchOp): string => (op.coll as unknown as { prefix: string }).prefix + op.key
+
+/** One op as logged: its full key and the value's JSON text. */
+function encode(op: BatchOp, key: string): WalOp {
   if (op.type === 'del') return [key]
   const value = op.latest ? op.latest() : op.value
   if (value === null || value === undefined) throw new TypeError(`store: a put needs a value (${op.coll.name}/${op.key})`)
-  return [key, JSON.stringify(value)]
+  return op.fresh ? [key, JSON.stringify(value), true] : [key, JSON.stringify(value)]
 }
 
-export function levelOps(ops: Iterable<WalOp>): { type: 'put' | 'del'; key: string; value?: string }[] {
+/**
+ * A batch's ops as logged, a key written several times in it only in its last state: a batch
+ * lands whole, so its last op on a key is all that counts. A group of paid records comes as
+ * one batch in which every payment adds the same account buckets (metrics), each encoded,
+ * logged and written again; only the last is kept.
+ */
+export function encodeBatch(ops: readonly BatchOp[]): WalOp[] {
+  if (ops.length <= DEDUPE_FROM) return ops.map((op) => encode(op, fullKey(op)))
+  const keys = ops.map(fullKey)
+  const last = new Map<string, number>()
+  for (let i = 0; i < keys.length; i++) last.set(keys[i]!, i)
+  if (last.size === keys.length) return ops.map((op, i) => encode(op, keys[i]!))
+  const out: WalOp[] = []
+  for (const [key, i] of last) out.push(encode(ops[i]!, key))
+  return out
+}
+
+/** LevelDB's ops for `ops`; a key whose value is null has nothing to write (see `apply`). */
+export function levelOps(ops: Iterable<readonly [key: string, value?: string | null, ...rest: unknown[]]>): { type: 'put' | 'del'; key: string; value?: string }[] {
   const out: { type: 'put' | 'del'; key: string; value?: string }[] = []
-  for (const [key, value] of ops) out.push(value === undefined ? { type: 'del', key } : { type: 'put', key, value })
+  for (const [key, value] of ops) if (value !== null) out.push(value === undefined ? { type: 'del', key } : { type: 'put', key, value })
   return out
 }
 
@@ -58,8 +81,8 @@ export class WriteBehind {
   private flushQueued = false
   /** encoded batches (readable in `overlay`) waiting for this turn's log write */
   private staged: Staged[] = []
-  /** the slice being written into LevelDB, its keys' last values and its last sequence number */
-  private inApply: { merged: Map<string, string | undefined>; last: number } | null = null
+  /** the slice being written into LevelDB, its keys' last values (null: nothing to write) and its last sequence number */
+  private inApply: { merged: Map<string, string | undefined | null>; last: number } | null = null
   /** sequence number of the last staged (or logged) batch, and of the last one in LevelDB */
   private seq = 0
   private appliedSeq = 0
@@ -116,7 +139,7 @@ export class WriteBehind {
     for (const b of group) {
       let ops: WalOp[]
       try {
-        ops = b.ops.map(encode)
+        ops = encodeBatch(b.ops)
       } catch (e) {
         b.reject(e)
         continue
@@ -170,7 +193,7 @@ export class WriteBehind {
       }
     }
     for (const key of left) {
-      if (this.inApply?.merged.has(key)) this.overlay.set(key, { seq: this.inApply.last, value: this.inApply.merged.get(key) })
+      if (this.inApply?.merged.has(key)) this.overlay.set(key, { seq: this.inApply.last, value: this.inApply.merged.get(key) ?? undefined })
       else this.overlay.delete(key)
     }
   }
@@ -198,11 +221,17 @@ export class WriteBehind {
    */
   private async apply(): Promise<void> {
     while (this.toApply.length) {
-      // A slice is counted in distinct keys: batches that rewrite the same keys share one.
-      const merged = new Map<string, string | undefined>()
+      // A slice is counted in distinct keys: batches that rewrite the same keys share one. A key
+      // created in the slice (a fresh put) and deleted again in it has nothing to write (null):
+      // a pending payment's status index entries, a ledger record's outbox entry.
+      const merged = new Map<string, string | undefined | null>()
+      const created = new Set<string>()
       let n = 0
       while (n < this.toApply.length && (n === 0 || merged.size + this.toApply[n]!.ops.length <= APPLY_CHUNK)) {
-        for (const [key, value] of this.toApply[n++]!.ops) merged.set(key, value)
+        for (const [key, value, fresh] of this.toApply[n++]!.ops) {
+          merged.set(key, value === undefined && created.has(key) ? null : value)
+          if (fresh) created.add(key)
+        }
       }
       const group = this.toApply.splice(0, n)
       const last = group[group.length - 1]!.seq

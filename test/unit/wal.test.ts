@@ -4,7 +4,7 @@ import { crc32 } from 'node:zlib'
 import { appendFileSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { LevelStore } from '../../src/store/index.js'
+import { type BatchOp, LevelStore } from '../../src/store/index.js'
 import { testDir, testStore } from '../helpers/gateway.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
@@ -271,4 +271,108 @@ t.test('a log write that fails fails every batch of its turn and takes back what
   t.teardown(() => again.close())
   const d = again.collection<string>('things')
   t.same(await d.getMany(['kept', 'fresh', 'applied', 'logged', 'flying', 'after']), ['before', undefined, 'before', 'before', 'before', 'written'], 'the same after a restart')
+})
+
+/** The ops of every LevelDB write from now on. */
+function watchLevel(store: LevelStore): { type: string; key: string; value?: string }[][] {
+  const db = (store as unknown as { db: { batch: (ops: { type: string; key: string; value?: string }[], ...rest: unknown[]) => Promise<void> } }).db
+  const dbBatch = db.batch.bind(db)
+  const seen: { type: string; key: string; value?: string }[][] = []
+  db.batch = (ops, ...rest) => {
+    seen.push(ops.map(({ type, key, value }) => ({ type, key, ...(value === undefined ? {} : { value }) })))
+    return dbBatch(ops, ...rest)
+  }
+  return seen
+}
+
+t.test('a key written several times in one batch is logged and written once, in its last state', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  const store = await LevelStore.open(dir)
+  const c = store.collection<number>('things')
+  const wal = (store as unknown as { writes: { wal: { append: (batches: [string, string?][][], seq: number) => void } } }).writes.wal
+  const append = wal.append.bind(wal)
+  const logged: [string, string?][][] = []
+  wal.append = (batches, seq) => {
+    logged.push(...batches)
+    append(batches, seq)
+  }
+  const level = watchLevel(store)
+  let latestCalls = 0
+  let shared = 0
+  const latest = () => {
+    latestCalls++
+    return shared
+  }
+  const ops: BatchOp[] = []
+  for (let i = 0; i < 4; i++) {
+    shared = i
+    ops.push({ type: 'put', coll: c, key: `own${i}`, value: i })
+    ops.push({ type: 'put', coll: c, key: 'shared', value: -1, latest })
+    ops.push({ type: 'put', coll: c, key: 'plain', value: i })
+  }
+  ops.push({ type: 'put', coll: c, key: 'gone', value: 7 }, { type: 'del', coll: c, key: 'gone' })
+  await store.batch(ops)
+  t.equal(latestCalls, 1, 'the newest state is taken once')
+  t.same(
+    logged.map((b) => b.map(([k, v]) => [k.replace('!things!', ''), v])),
+    [
+      [
+        ['own0', '0'],
+        ['shared', '3'],
+        ['plain', '3'],
+        ['own1', '1'],
+        ['own2', '2'],
+        ['own3', '3'],
+        ['gone', undefined],
+      ],
+    ],
+    'one record, each key once with its last value',
+  )
+  t.same(await c.getMany(['own2', 'shared', 'plain', 'gone']), [2, 3, 3, undefined])
+  await store.settled()
+  t.same(
+    level.flat().filter((o) => o.key === '!things!plain'),
+    [{ type: 'put', key: '!things!plain', value: '3' }],
+    'LevelDB gets the last value only',
+  )
+  await store.close()
+  const again = await LevelStore.open(dir)
+  t.teardown(() => again.close())
+  t.same(await again.collection<number>('things').getMany(['own0', 'own3', 'shared', 'plain', 'gone']), [0, 3, 3, 3, undefined])
+})
+
+t.test('a fresh key deleted before LevelDB is written is never written there; one deleted later is', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  const store = await LevelStore.open(dir)
+  const c = store.collection<string>('things')
+  const level = watchLevel(store)
+  await store.batch([
+    { type: 'put', coll: c, key: 'brief', value: 'x', fresh: true },
+    { type: 'put', coll: c, key: 'stays', value: 'x', fresh: true },
+    { type: 'put', coll: c, key: 'plain', value: 'x' },
+  ])
+  await store.batch([
+    { type: 'del', coll: c, key: 'brief' },
+    { type: 'del', coll: c, key: 'plain' },
+  ])
+  t.equal(await c.get('brief'), undefined)
+  await store.settled()
+  t.same(
+    level.flat().map((o) => `${o.type} ${o.key.replace('!things!', '')}`),
+    ['put stays', 'del plain'],
+    'the fresh key created and deleted in one write is left out; a key not known to be new is deleted',
+  )
+  t.equal(store.logged('!things!brief'), undefined, 'nothing of it is left in memory either')
+  t.equal(await c.get('brief'), undefined)
+  // Once in LevelDB, a fresh key's later delete is written.
+  await store.batch([{ type: 'del', coll: c, key: 'stays' }])
+  await store.settled()
+  t.same(level.at(-1), [{ type: 'del', key: '!things!stays' }])
+  t.same(await c.getMany(['brief', 'stays', 'plain']), [undefined, undefined, undefined])
+  await store.close()
+  const again = await LevelStore.open(dir)
+  t.teardown(() => again.close())
+  const keys: string[] = []
+  for await (const [k] of again.collection<string>('things').entries()) keys.push(k)
+  t.same(keys, [], 'nothing comes back after a restart')
 })
