@@ -31,4 +31,5 @@ VOLUME ["/data", "/certs"]
 EXPOSE 8402 8403
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s \
   CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.PAYGATE_API_PORT||8403)+'/healthz').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
-CMD ["node", "dist/main.js"]
+# Node flags as `npm start` has them (docs/operations.md).
+CMD ["node", "--max-semi-space-size=64", "dist/main.js"]

@@ -73,11 +73,16 @@ export async function throughput(workers: number, count: number, maxMs: number, 
 
 export const fmt = (n: number, d = 2): string => n.toFixed(d)
 
+/** The Node flags `npm start` (package.json) and the Docker image run the gateway with. */
+export const START_NODE_ARGS = ['--max-semi-space-size=64']
+
 /**
- * Node flags for the benchmarks' gateways: with `BENCH_PROFILE=<dir>` each writes a V8 CPU
- * profile there when it stops; `BENCH_NODE_ARGS` adds any others (space-separated, to try V8 settings).
+ * Node flags for the benchmarks' gateways: those of `npm start`; with `BENCH_PROFILE=<dir>` each
+ * writes a V8 CPU profile there when it stops; `BENCH_NODE_ARGS` adds any others (space-separated,
+ * to try V8 settings; a flag given again there wins).
  */
 export const gatewayNodeArgs = (): string[] => [
+  ...START_NODE_ARGS,
   ...(process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : []),
   ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean),
 ]

@@ -6,6 +6,7 @@ import { loadConfig } from '../../src/config/load.js'
 import { envName, KEYS } from '../../src/config/keys.js'
 import { checkSharedStore } from '../../src/gateway.js'
 import { tempDir } from '../helpers/gateway.js'
+import { START_NODE_ARGS } from '../../bench/lib.js'
 
 /**
  * docker-compose.yml cannot be run here (no Docker daemon), so it is checked as data: the
@@ -93,4 +94,12 @@ t.test("the replicas' container ports are the ones the Dockerfile exposes and th
   }
   t.equal(new Set(hostPorts).size, hostPorts.length, 'no host port published twice')
   t.match(dockerfile, /PAYGATE_API_HOST=0\.0\.0\.0/, 'the image listens beyond loopback')
+})
+
+t.test('the image and `npm start` run Node with the flags the benchmarks measure', async (t) => {
+  const cmd = JSON.parse(/^CMD (\[.+\])$/m.exec(dockerfile)?.[1] ?? '[]') as string[]
+  t.same(cmd, ['node', ...START_NODE_ARGS, 'dist/main.js'], 'the Dockerfile runs the built gateway with them')
+  const start = (JSON.parse(readFileSync(new URL('package.json', root), 'utf8')) as { scripts: Record<string, string> }).scripts.start
+  t.equal(start, `exec node ${START_NODE_ARGS.join(' ')} dist/main.js`, 'npm start the same')
+  t.ok(START_NODE_ARGS.length > 0)
 })
