@@ -52,10 +52,10 @@ function encode(op: BatchOp, key: string): WalOp {
 /**
  * A batch's ops as logged, a key written several times in it only in its last state: a batch
  * lands whole, so its last op on a key is all that counts. A group of paid records comes as
- * one batch in which every payment adds the same account buckets (metrics), each encoded,
- * logged and written again; only the last is kept.
+ * one batch in which every payment writes the same account buckets (metrics): each bucket is
+ * encoded and logged once for the group.
  */
-export function encodeBatch(ops: readonly BatchOp[]): WalOp[] {
+function encodeBatch(ops: readonly BatchOp[]): WalOp[] {
   if (ops.length <= DEDUPE_FROM) return ops.map((op) => encode(op, fullKey(op)))
   const keys = ops.map(fullKey)
   const last = new Map<string, number>()
