@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { testDir } from '../helpers/gateway.js'
 import { spawnGateway } from '../helpers/process.js'
+import { START_NODE_ARGS } from '../../bench/lib.js'
 
 /**
  * The package scripts as a user runs them: `npm start` (the compiled gateway, built
@@ -94,7 +95,7 @@ async function startNpm(t: Test, dataDir: string): Promise<{ run: NpmRun; gatewa
   const started = JSON.parse(await run.line(/"msg":"paygate started"/))
   const [gateway] = childrenOf(run.proc.pid!)
   t.ok(gateway, 'the gateway is npm’s own child (exec: no shell in between)')
-  t.match(readFileSync(`/proc/${gateway}/cmdline`, 'utf8'), /node\0dist\/main\.js/, 'it runs the compiled program')
+  t.equal(readFileSync(`/proc/${gateway}/cmdline`, 'utf8'), `${['node', ...START_NODE_ARGS, 'dist/main.js'].join('\0')}\0`, 'it runs the compiled program, with the Node flags the benchmarks measure')
   return { run, gateway: gateway!, api: Number(new URL(started.api).port) }
 }
 
