@@ -73,7 +73,8 @@ for (const [where, start] of [
       const r = await settle(chain.request({ method, params: method === 'eth_call' ? [{ data: '0x00' }, 'latest'] : [] }))
       t.type(r.error, DevnetUnavailableError, `${method} fails`)
       t.match((r.error as Error).message, /anvil exited unexpectedly \(SIGKILL\)/)
-      t.ok(r.ms < 100, `${method} failed after ${r.ms} ms`)
+      // At once: well inside the 30 s IPC timeout a call to a live but silent anvil would wait.
+      t.ok(r.ms < 5000, `${method} failed after ${r.ms} ms`)
     }
     const sent = await settle(chain.sendRawTransactions(['0x00']))
     t.type(sent.error, DevnetUnavailableError, 'a batched send fails')
@@ -82,7 +83,7 @@ for (const [where, start] of [
     const res = await fetch(chain.rpcUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'eth_blockNumber', params: [] }) })
     const body = (await res.json()) as { id: number; error?: { message: string } }
     t.match(body, { id: 7, error: { message: /anvil exited unexpectedly/ } })
-    t.ok(Date.now() - t0 < 500)
+    t.ok(Date.now() - t0 < 5000, 'at once, well inside the IPC timeout')
   })
 
   t.test(`${where}: a state change a frozen anvil leaves unanswered stops the chain: the journal could no longer match it`, async (t) => {
@@ -93,8 +94,9 @@ for (const [where, start] of [
     process.kill(chain.childPid, 'SIGCONT')
     // anvil may now run the unjournalled mine; nothing more is sent to it.
     const after = await settle(chain.request({ method: 'eth_blockNumber' }))
+    // Refused by the stopped chain, not timed out (that would say anvil did not answer).
     t.match((after.error as Error)?.message, /anvil stalled on a state change .*restart Paygate/, 'every later call is refused')
-    t.ok(after.ms < 500, 'at once')
+    t.ok(after.ms < 1000, `at once (${after.ms} ms), inside the 1 s IPC timeout`)
     t.ok(
       logs.some((l) => l.msg.startsWith('anvil stalled on a state change')),
       'logged',
