@@ -51,3 +51,36 @@ t.test('a torn last line is never answered; the line before it still is; reopeni
   t.same(readdirSync(dir), ['receipts-ab.ndjson'])
   fresh.close()
 })
+
+t.test('receipts are gathered before they are written; every one is answered meanwhile; flush and close write them', async (t) => {
+  const dir = testDir(t)
+  const archive = new ReceiptArchive(dir, 8)
+  const size = (): number => {
+    try {
+      return statSync(join(dir, 'receipts-ab.ndjson')).size
+    } catch {
+      return 0
+    }
+  }
+  archive.add([receipt(1), receipt(2)])
+  t.equal(size(), 0, 'a block alone is not written yet')
+  t.match(archive.find(hashOf(2)), { transactionHash: hashOf(2) }, 'a gathered receipt is answered from memory')
+  t.same(
+    (archive.blockReceipts(0) as { transactionHash: string }[]).map((r) => r.transactionHash),
+    [hashOf(1), hashOf(2)],
+  )
+  archive.flush()
+  const flushed = size()
+  t.ok(flushed > 0, 'flush() writes them')
+  t.match(new ReceiptArchive(dir, 8).find(hashOf(2)), { transactionHash: hashOf(2) }, 'another reader finds them on disk')
+  // Many blocks: written in a few large writes, never more than half the in-memory window held back.
+  let i = 8
+  for (; i < 8 + 2048; i += 8) archive.add(Array.from({ length: 8 }, (_, k) => receipt(i + k)))
+  t.ok(size() > flushed, 'a full gather is written without a flush')
+  const reader = new ReceiptArchive(dir, 8)
+  t.match(reader.find(hashOf(8 + 2047)), { transactionHash: hashOf(8 + 2047) }, 'the newest of that gather is on disk')
+  archive.add([receipt(i)])
+  t.equal(reader.find(hashOf(i)), null, 'a receipt gathered after it is not, yet')
+  archive.close()
+  t.match(reader.find(hashOf(i)), { transactionHash: hashOf(i) }, 'close writes what was gathered')
+})

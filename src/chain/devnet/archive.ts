@@ -6,6 +6,12 @@ type Receipt = { transactionHash: string; blockNumber?: string }
 
 /** Receipts kept in memory (about 1 KB each): several seconds of a busy chain. */
 const RECENT = 4096
+/**
+ * Receipts gathered before they are written (at most half of RECENT: every one not yet written
+ * is still answered from memory). Writing per block cost a write() per bucket a block touches,
+ * about one per receipt; gathered, a write carries several.
+ */
+const GATHER = RECENT / 2
 /** Blocks whose receipts are answered from memory (eth_getBlockReceipts once anvil forgot them). */
 const RECENT_BLOCKS = 64
 /** How much of a bucket one read takes, scanning back from its end. */
@@ -19,6 +25,11 @@ const SCAN_CHUNK = 64 * 1024
  * mined, to one of 256 files by the first byte of the tx hash; a lookup reads one file
  * (1/256 of the history). A line is `<hash> <receipt JSON>`; a block mined again by a replay
  * appends the same receipts again, and the first line found wins.
+ *
+ * Lines are gathered in memory and written GATHER receipts at a time, and at every snapshot
+ * (`flush()`, before the state is dumped) and close. A kill loses only lines of blocks mined
+ * since the last snapshot: the restart mines those blocks again from the journal, and the
+ * replay archives them again.
  */
 export class ReceiptArchive {
   private readonly fds = new Map<string, number>()
@@ -26,6 +37,9 @@ export class ReceiptArchive {
   private readonly recent = new Map<string, string>()
   /** The newest RECENT_BLOCKS archived blocks: number -> their txs' hashes. */
   private readonly recentBlocks = new Map<number, string[]>()
+  /** Lines not yet written, by bucket, and how many. */
+  private gathered = new Map<string, string[]>()
+  private gatheredCount = 0
 
   constructor(
     private readonly dir: string,
@@ -50,17 +64,25 @@ export class ReceiptArchive {
       )
       if (this.recentBlocks.size > RECENT_BLOCKS) this.recentBlocks.delete(this.recentBlocks.keys().next().value!)
     }
-    const byBucket = new Map<string, string[]>()
     for (const r of receipts) {
       const h = r.transactionHash.toLowerCase()
       const b = h.slice(2, 4)
-      let lines = byBucket.get(b)
-      if (!lines) byBucket.set(b, (lines = []))
+      let lines = this.gathered.get(b)
+      if (!lines) this.gathered.set(b, (lines = []))
       const json = JSON.stringify(r)
       lines.push(`${h} ${json}\n`)
       this.remember(h, json)
     }
-    for (const [b, lines] of byBucket) {
+    this.gatheredCount += receipts.length
+    if (this.gatheredCount >= GATHER) this.flush()
+  }
+
+  /** Writes the gathered lines, one write per bucket. */
+  flush(): void {
+    const gathered = this.gathered
+    this.gathered = new Map()
+    this.gatheredCount = 0
+    for (const [b, lines] of gathered) {
       let fd = this.fds.get(b)
       if (fd === undefined) this.fds.set(b, (fd = this.open(b)))
       fs.writeSync(fd, lines.join(''))
@@ -157,6 +179,7 @@ export class ReceiptArchive {
   }
 
   close(): void {
+    this.flush()
     for (const fd of this.fds.values()) fs.closeSync(fd)
     this.fds.clear()
   }

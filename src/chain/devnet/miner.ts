@@ -137,8 +137,9 @@ export class Miner {
       })
   }
 
-  /** On the serial queue. */
+  /** On the serial queue. The receipts of every block mined so far are written first: a restart replays none of them. */
   snapshot(): Promise<void> {
+    this.archive.flush()
     return this.journal.snapshot(this.node)
   }
 
