@@ -126,6 +126,12 @@ export class ReceiptArchive {
     return line === null ? null : (JSON.parse(line) as unknown)
   }
 
+  /** The receipt of `hash` if it is among the recent ones (memory only), else undefined. */
+  recentReceipt(hash: string): unknown {
+    const json = this.recent.get(hash.toLowerCase())
+    return json === undefined ? undefined : (JSON.parse(json) as unknown)
+  }
+
   /**
    * A recent block's receipts, in block order, from memory: the outbox asks for a block's
    * receipts a few blocks after it was mined, often after anvil forgot its txs. Null when this

@@ -46,20 +46,28 @@ export class RpcFront {
     return node.serial(() => this.write(id, method, params, false))
   }
 
-  /** A tx we are about to mine is waited for; one whose block anvil forgot comes from the archive. */
+  /**
+   * A tx we are about to mine is waited for. A recent one is answered from the archive's memory
+   * (what anvil gave when its block was mined), so that anvil does not build the receipts of
+   * a block again for each caller that confirms payments; one whose block anvil forgot comes
+   * from the archive's files.
+   */
   private async receipt(id: unknown, params: unknown[]): Promise<RpcResponse> {
     await this.untilMined(params[0])
+    const kept = typeof params[0] === 'string' ? this.archive.recentReceipt(params[0]) : undefined
+    if (kept !== undefined) return { jsonrpc: '2.0', id, result: kept }
     const r = await this.node.read('eth_getTransactionReceipt', JSON.stringify(params))
     if (r.error || r.result !== null || typeof params[0] !== 'string') return reply(id, r)
     return { jsonrpc: '2.0', id, result: this.archive.find(params[0]) }
   }
 
-  /** A block whose txs anvil forgot (it answers none) comes from the archive while it is recent. */
+  /** A recent block's receipts come from the archive's memory (as receipt() says); an older one from anvil. */
   private async blockReceipts(id: unknown, params: unknown[]): Promise<RpcResponse> {
-    const r = await this.node.read('eth_getBlockReceipts', JSON.stringify(params))
     const tag = params[0]
-    if (r.error || (Array.isArray(r.result) && r.result.length) || typeof tag !== 'string' || !/^0x[0-9a-f]+$/i.test(tag)) return reply(id, r)
-    return { jsonrpc: '2.0', id, result: this.archive.blockReceipts(Number(tag)) ?? r.result ?? null }
+    const n = typeof tag === 'string' && /^0x[0-9a-f]+$/i.test(tag) ? Number(tag) : null
+    const kept = n === null ? null : this.archive.blockReceipts(n)
+    if (kept) return { jsonrpc: '2.0', id, result: kept }
+    return reply(id, await this.node.read('eth_getBlockReceipts', JSON.stringify(params)))
   }
 
   /** A tx we are about to mine: wait for its block instead of answering null. */
