@@ -1,4 +1,4 @@
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { ReceiptArchive } from '../../src/chain/devnet/archive.js'
 import type { Journal } from '../../src/chain/devnet/journal.js'
 import type { Miner } from '../../src/chain/devnet/miner.js'
@@ -16,7 +16,7 @@ const hashOf = (i: number): string => `0x${'ab'}${i.toString(16).padStart(62, '0
 const receipt = (i: number, block: number) => ({ transactionHash: hashOf(i), blockNumber: `0x${block.toString(16)}`, status: '0x1', logs: [{ data: '0x01' }] })
 
 /** A front over an anvil stand-in that records what it is asked and answers `answer(method)`. */
-function front(t: Parameters<Parameters<typeof t.test>[1]>[0], answer: (method: string) => unknown) {
+function front(t: Test, answer: (method: string) => unknown) {
   const asked: string[] = []
   const node = {
     closed: false,
