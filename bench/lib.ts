@@ -116,6 +116,18 @@ function procStat(pid: number): [number, number] | null {
   return [Number(f[1]), ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SEC]
 }
 
+/** CPU ms used so far by one thread (`tid`) of process `pid`, from /proc; 0 once it is gone. A process's main thread has `tid` = `pid`. */
+export function threadCpuMs(pid: number, tid: number): number {
+  let text: string
+  try {
+    text = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8')
+  } catch {
+    return 0
+  }
+  const f = text.slice(text.lastIndexOf(')') + 2).split(' ')
+  return ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SEC
+}
+
 /** The processes started under `pid`, at any depth (the embedded chain and its watchdog under a gateway). */
 export function descendants(pid: number): number[] {
   const parent = new Map<number, number>()

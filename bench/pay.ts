@@ -14,7 +14,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { paymentLedgerAbi } from '../src/chain/contracts/abis.js'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { cpuPerCall, cpuTimes, descendants, fmt, gatewayNodeArgs, spawnServer, throughput, timeAlternating } from './lib.js'
+import { cpuPerCall, cpuTimes, descendants, fmt, gatewayNodeArgs, spawnServer, threadCpuMs, throughput, timeAlternating } from './lib.js'
 
 export async function benchPay(opts: { sequential: number; concurrent: number; maxMs: number }): Promise<void> {
   const dataDir = tempDir('paygate-bench-')
@@ -95,12 +95,17 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   const procs = { gateway: [gw.proc.pid!], chain: descendants(gw.proc.pid!), merchant: [merchant.pid!], callers: 'self' as const }
   const c0 = cpuTimes(procs)
   const ft = await throughput(16, opts.concurrent, opts.maxMs, floor)
+  // The gateway's main thread alone: what a paid call's latency waits on (its other threads: the embedded chain's, ledger signing, V8's, libuv's).
+  const mainThread = (): number => threadCpuMs(gw.proc.pid!, gw.proc.pid!)
   const c1 = cpuTimes(procs)
+  const m1 = mainThread()
   const paidBefore = payments
   const pt = await throughput(16, opts.concurrent, opts.maxMs, paid)
   const c2 = cpuTimes(procs)
+  const m2 = mainThread()
   const pm = await throughput(16, opts.concurrent, opts.maxMs, paidManyAgents)
   const c3 = cpuTimes(procs)
+  const m3 = mainThread()
   const drainStart = Date.now()
   let drained = false
   while (Date.now() - drainStart < 180_000) {
@@ -130,6 +135,9 @@ export async function benchPay(opts: { sequential: number; concurrent: number; m
   console.log(`  floor pair: ${cpuFloor.text}; total ${fmt(cpuFloor.total, 3)}`)
   console.log(`  paid, one agent: ${cpuOne.text}; total ${fmt(cpuOne.total, 3)} (${fmt(cpuOne.total / cpuFloor.total)}x the floor pair)`)
   console.log(`  paid, 16 agents: ${cpuMany.text}; total ${fmt(cpuMany.total, 3)} (${fmt(cpuMany.total / cpuFloor.total)}x the floor pair)`)
+  console.log(
+    `  of the gateway's, its main thread: one agent ${fmt((m2 - m1) / pt.n, 3)}, 16 agents ${fmt((m3 - m2) / pm.n, 3)} (the rest: the embedded chain's and the ledger signing threads, V8's, libuv's)`,
+  )
   console.log(`  the chain per ledger record over both paid phases and the drain: ${fmt(chainMs, 3)}`)
   console.log(
     `  at these costs (16 agents, the chain's over the drain too) 2,000 paid/s needs ${fmt((2000 * (rest + chainMs)) / 1000, 1)} cores: ` +
