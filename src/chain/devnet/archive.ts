@@ -120,8 +120,8 @@ export class ReceiptArchive {
   find(hash: string): unknown {
     const h = hash.toLowerCase()
     if (!/^0x[0-9a-f]{64}$/.test(h)) return null
-    const recent = this.recent.get(h)
-    if (recent !== undefined) return JSON.parse(recent) as unknown
+    const recent = this.recentReceipt(h)
+    if (recent !== undefined) return recent
     const line = this.scanBack(h)
     return line === null ? null : (JSON.parse(line) as unknown)
   }
