@@ -103,11 +103,11 @@ export async function spawnServer(script: string, env: Record<string, string> = 
 
 const TICKS_PER_SEC = 100 // USER_HZ: the unit of /proc/<pid>/stat's CPU times on Linux
 
-/** `[ppid, CPU ms used so far]` of a process from /proc (all its threads), or null once it is gone. */
-function procStat(pid: number): [number, number] | null {
+/** `[ppid, CPU ms used so far]` from a /proc `stat` file (a process's, all its threads; or one thread's), or null once it is gone. */
+function statOf(file: string): [number, number] | null {
   let text: string
   try {
-    text = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    text = readFileSync(file, 'utf8')
   } catch {
     return null
   }
@@ -116,16 +116,11 @@ function procStat(pid: number): [number, number] | null {
   return [Number(f[1]), ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SEC]
 }
 
+const procStat = (pid: number): [number, number] | null => statOf(`/proc/${pid}/stat`)
+
 /** CPU ms used so far by one thread (`tid`) of process `pid`, from /proc; 0 once it is gone. A process's main thread has `tid` = `pid`. */
 export function threadCpuMs(pid: number, tid: number): number {
-  let text: string
-  try {
-    text = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8')
-  } catch {
-    return 0
-  }
-  const f = text.slice(text.lastIndexOf(')') + 2).split(' ')
-  return ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SEC
+  return statOf(`/proc/${pid}/task/${tid}/stat`)?.[1] ?? 0
 }
 
 /** The processes started under `pid`, at any depth (the embedded chain and its watchdog under a gateway). */
