@@ -3,9 +3,9 @@
  * binary with the devnet's flags on loopback, deploys the PaymentLedger and, for each block size,
  * sends that many ledger calls (signed natively, 250 to a batch), mines them with `evm_mine` and
  * reads the block's receipts with `eth_getBlockReceipts`, as the devnet's miner and receipt
- * archive do. Meanwhile a second connection sends one tx during the mine and one during the
- * receipts read, to see whether anvil answers it meanwhile. Prints the median of `--rounds` per
- * size:
+ * archive do, and its logs with `eth_getLogs` (for comparison). Meanwhile a second connection
+ * sends one tx during the mine and one during the receipts read, to see whether anvil answers
+ * it meanwhile. Prints the median of `--rounds` per size:
  *
  *   npx tsx scripts/anvil-block-costs.ts [--sizes 100,250,1000] [--rounds 5]
  *
@@ -88,7 +88,7 @@ async function run(): Promise<void> {
   const sideSend = (): Promise<unknown> => call('eth_sendRawTransaction', [sign(other.fast, sideNonce++, SINK, new Uint8Array(), 21_000n)], side)
   let k = 0
   for (const size of SIZES) {
-    const got = { sendPerTxMs: [] as number[], mineMs: [] as number[], receiptsMs: [] as number[], sendDuringMineMs: [] as number[], sendDuringReceiptsMs: [] as number[] }
+    const got = { sendPerTxMs: [] as number[], mineMs: [] as number[], receiptsMs: [] as number[], logsMs: [] as number[], sendDuringMineMs: [] as number[], sendDuringReceiptsMs: [] as number[] }
     for (let round = 0; round < ROUNDS + 1; round++) {
       const raws = Array.from({ length: size }, () => sign(recorder.fast, nonce++, to, encodeRecordCall(entryOf(k++)), 200_000n))
       const [, sendMs] = await timed(async () => {
@@ -104,11 +104,14 @@ async function run(): Promise<void> {
       const [, duringReceipts] = await timed(sideSend)
       const [rs, receiptsMs] = await receipts
       if ((rs as unknown[]).length < size) throw new Error(`block ${blockNumber} holds ${(rs as unknown[]).length} receipts, not ${size}`)
+      // The same block's logs alone: anvil builds each receipt from a copy of the whole block and its receipts.
+      const [, logsMs] = await timed(() => call('eth_getLogs', [{ fromBlock: blockNumber, toBlock: blockNumber }]))
       await call('evm_mine') // the side txs
       if (round === 0) continue // warm-up
       got.sendPerTxMs.push(sendMs / size)
       got.mineMs.push(mineMs)
       got.receiptsMs.push(receiptsMs)
+      got.logsMs.push(logsMs)
       got.sendDuringMineMs.push(duringMine)
       got.sendDuringReceiptsMs.push(duringReceipts)
     }
