@@ -47,6 +47,17 @@ function encode(op: BatchOp): Row {
   return { coll, key: bytes(op.key), value: JSON.stringify(value) }
 }
 
+/** The `logged` callbacks of a committed batch's puts (BatchOp). */
+function runLogged(ops: readonly BatchOp[]): void {
+  for (const op of ops) if (op.type === 'put' && op.logged) op.logged()
+}
+
+/** A batch of `write` is committed: its `logged` callbacks, then its caller. */
+function committed(p: { ops: readonly BatchOp[]; resolve: () => void }): void {
+  runLogged(p.ops)
+  p.resolve()
+}
+
 /** The statement that writes `rows` (a key's last state wins): deletes and upserts in one. */
 function writeQuery(rows: Iterable<Row>): pg.QueryConfig {
   const last = new Map<string, Row>()
@@ -312,6 +323,7 @@ export class PostgresStore implements Store {
           })(),
         )
         if (!written.ok) await c.query('ROLLBACK').catch((err: Error) => (broken = err))
+        else runLogged(out.ops)
         return { result: out.result, written: Promise.resolve(written) }
       } catch (e) {
         if (!fnFailed) broken ??= e as Error
@@ -356,12 +368,12 @@ export class PostgresStore implements Store {
     if (!ok.length) return
     const all = await outcome(this.query(writeQuery(ok.flatMap((b) => b.rows))))
     if (all.ok || ok.length === 1) {
-      for (const b of ok) all.ok ? b.p.resolve() : b.p.reject(all.error)
+      for (const b of ok) all.ok ? committed(b.p) : b.p.reject(all.error)
       return
     }
     for (const b of ok) {
       const one = await outcome(this.query(writeQuery(b.rows)))
-      one.ok ? b.p.resolve() : b.p.reject(one.error)
+      one.ok ? committed(b.p) : b.p.reject(one.error)
     }
   }
 

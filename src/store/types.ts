@@ -30,8 +30,10 @@ export type BatchOp =
    * `latest`: the value is taken when the batch is logged (the newest state of a key kept in memory).
    * `fresh`: the writer knows the key was never written before (a new record's index entry, a
    * new nonce): deleted again before it reaches LevelDB, it is not written there at all.
+   * `logged`: called once the batch is durable (LevelDB: in the log; PostgreSQL: committed),
+   * before `batch` resolves, in the order batches are written; never if it fails. It must not throw.
    */
-  { type: 'put'; coll: Collection<unknown>; key: string; value: unknown; latest?: () => unknown; fresh?: boolean } | { type: 'del'; coll: Collection<unknown>; key: string }
+  { type: 'put'; coll: Collection<unknown>; key: string; value: unknown; latest?: () => unknown; fresh?: boolean; logged?: () => void } | { type: 'del'; coll: Collection<unknown>; key: string }
 
 /** What a transact() section can do besides reading and returning its batch. */
 export interface Txn {

@@ -26,8 +26,17 @@ export interface Logged {
 interface Staged {
   seq: number
   ops: WalOp[]
+  /** The batch's `logged` callbacks (null: none), called once its log write is done. */
+  logged: (() => void)[] | null
   resolve: () => void
   reject: (e: unknown) => void
+}
+
+/** The `logged` callbacks of a batch's puts, or null (most batches have none). */
+function loggedOf(ops: readonly BatchOp[]): (() => void)[] | null {
+  let out: (() => void)[] | null = null
+  for (const op of ops) if (op.type === 'put' && op.logged) (out ??= []).push(op.logged)
+  return out
 }
 
 /** What the write path needs of LevelDB: a batch of text keys and values. */
@@ -146,7 +155,7 @@ export class WriteBehind {
       }
       const seq = ++this.seq
       for (const [key, value] of ops) this.overlay.set(key, { seq, value })
-      this.staged.push({ seq, ops, resolve: b.resolve, reject: b.reject })
+      this.staged.push({ seq, ops, logged: loggedOf(b.ops), resolve: b.resolve, reject: b.reject })
     }
     if (first && this.staged.length) setImmediate(() => this.commit())
   }
@@ -172,6 +181,7 @@ export class WriteBehind {
     }
     for (const b of group) {
       this.toApply.push({ seq: b.seq, ops: b.ops })
+      if (b.logged) for (const f of b.logged) f()
       b.resolve()
     }
     // A range read that began while these were staged waits for them.

@@ -20,6 +20,28 @@ for (const backend of STORE_BACKENDS) {
       t.equal(await coll.get('lazy'), 'newest')
     })
 
+    t.test('logged() runs once its batch is written, before the batch resolves, in call order; never for a batch that fails', async (t) => {
+      const seen: string[] = []
+      const put = (key: string, value: unknown) => ({ type: 'put' as const, coll, key, value, logged: () => void seen.push(key) })
+      const a = store.batch([put('la', 1)]).then(() => void seen.push('a written'))
+      const bad = store.batch([put('lb', 2n)]) // cannot be encoded
+      const c = store.batch([put('lc', 3), { type: 'del', coll, key: 'la' }, put('ld', 4)]).then(() => void seen.push('c written'))
+      const results = await Promise.allSettled([a, bad, c])
+      t.same(
+        results.map((r) => r.status),
+        ['fulfilled', 'rejected', 'fulfilled'],
+      )
+      t.same(
+        seen.filter((s) => s.startsWith('l')),
+        ['la', 'lc', 'ld'],
+        'in call order, not for the batch that failed',
+      )
+      t.ok(seen.indexOf('la') < seen.indexOf('a written') && seen.indexOf('ld') < seen.indexOf('c written'), 'each before its batch resolves')
+      const { written } = await store.transact('logged-key', async () => ({ ops: [put('lt', 5)], result: null }))
+      t.ok((await written).ok)
+      t.equal(seen[seen.length - 1], 'lt', "a transact() section's batch too")
+    })
+
     t.test('a batch that cannot be written fails alone; the batches grouped with it are written', async (t) => {
       const ok1 = store.batch([{ type: 'put', coll, key: 'a', value: 1 }])
       const bad = store.batch([{ type: 'put', coll, key: 'b', value: 2n }])

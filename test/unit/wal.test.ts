@@ -237,9 +237,10 @@ t.test('a log write that fails fails every batch of its turn and takes back what
   await store.batch([{ type: 'put', coll: c, key: 'logged', value: 'before' }]) // in the log, not yet in LevelDB
   const log = watchLog(store)
   log.failNext()
+  let logged = 0
   const a = store.batch([
     { type: 'put', coll: c, key: 'kept', value: 'lost' },
-    { type: 'put', coll: c, key: 'fresh', value: 'lost' },
+    { type: 'put', coll: c, key: 'fresh', value: 'lost', logged: () => logged++ },
   ])
   await Promise.resolve()
   const b = store.batch([
@@ -260,6 +261,7 @@ t.test('a log write that fails fails every batch of its turn and takes back what
     results.map((r) => (r.status === 'rejected' ? (r.reason as Error).message : 'written')),
     ['no space left on device', 'no space left on device'],
   )
+  t.equal(logged, 0, 'nothing of the failed write is reported logged')
   t.same(await c.getMany(['kept', 'fresh', 'applied', 'logged', 'flying']), ['before', undefined, 'before', 'before', 'before'], 'every value as before the failed write')
   open()
   await flying
