@@ -145,6 +145,8 @@ interface Started {
   /** Ends this replica's lease (shared store only), so others settle what it leaves at once. */
   releaseReplica?: () => Promise<void>
   stopFolding?: () => Promise<void>
+  /** Writes the metrics counted since their last checkpoint (LevelDB), once no record is written any more. */
+  flushMetrics?: () => Promise<void>
 }
 
 /**
@@ -160,6 +162,7 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await s.releaseReplica?.()
   await s.outbox?.close()
   await s.stopFolding?.()
+  await s.flushMetrics?.()
   await s.upstream?.close()
   await s.chain?.close()
   await s.store.close()
@@ -223,8 +226,11 @@ async function buildLedger({ config, log, clock }: Ctx, s: Started) {
   // Before anything writes records: the aggregates are loaded, or built once from the records (replicas: rows of their own).
   const locks = new CrossLocks(store, clock)
   const aggregates = new Aggregates(store, clock, store.backend === 'postgres' ? locks : null)
+  aggregates.onCheckpointError = (err) => log.warn({ err }, 'writing the metrics buckets failed; retrying at the next checkpoint')
   const built = await aggregates.start(transactions, store.collection('meta'))
   if (built.backfilled !== null) log.info({ records: built.backfilled, buckets: built.buckets }, 'built the metrics aggregates from the stored transactions')
+  if (built.replayed) log.info({ rows: built.replayed }, 'counted the metrics changes the last run left unwritten')
+  s.flushMetrics = () => aggregates.flush()
   s.stopFolding = aggregates.startFolding((err) => log.warn({ err }, "folding a stopped replica's metrics rows failed; retrying"))
   const outbox = (s.outbox = new Outbox(store, transactions, new LedgerWriter(chain, { thread: true, log }), log, { clock }))
   await outbox.start()

@@ -2,25 +2,13 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import {
-  accountKey,
-  accountPartKey,
-  accountValues,
-  agentRange,
-  agentsIn,
-  bucketKey,
-  clear,
-  dropOld,
-  keptLevel,
-  type Level,
-  parseBucketKey,
-  readAccount,
-  readBuckets,
-  writeValues,
-} from './bucket-store.js'
-import { canonical, encodeBucket, endpointKey, totalsEntry, type Bucket, type EndpointTotals, type StoredBucket } from './buckets.js'
+import { accountKey, accountValues, agentRange, agentsIn, bucketKey, clear, dropOld, keptLevel, type Level, parseBucketKey, readAccount, readBuckets, writeValues } from './bucket-store.js'
+import { canonical, encodeBucket, endpointKey, type Bucket, type StoredBucket } from './buckets.js'
 import { type AgentBuckets, addHour, ALL, bucketOf, newBuckets } from './agent-buckets.js'
+import { accountBucketDels, accountBucketPuts, agentBucketPut } from './bucket-ops.js'
+import { Checkpoints, DELTA_COLLECTION } from './checkpoints.js'
 import { applyAccount, applyDelta, deltasOf, deltasOfRecord, type Delta } from './deltas.js'
+import { DirtyBuckets } from './dirty-buckets.js'
 import { Folder, type FoldOptions, type Liveness } from './fold.js'
 import { REPLICA_ACCOUNT, REPLICA_AGENTS, replicaRows, SharedReader, type Rows } from './replica-rows.js'
 import { DAY_MS, floorTo, HOUR_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision, type Span } from './windows.js'
@@ -51,9 +39,11 @@ export interface SharedOptions extends Liveness {
 
 /**
  * Per-agent aggregates in minute buckets (kept 48 h) and hour buckets (kept 400 days), and the
- * account's sums of them in buckets of its own, kept by a record-hook contributor in the same
- * write as each record, and held in memory so that the contributor (synchronous) and the
- * metrics API read them without touching the disk. The store is the durable copy. At start the
+ * account's sums of them in buckets of its own, kept by a record-hook contributor, and held in
+ * memory so that the contributor (synchronous) and the metrics API read them without touching
+ * the disk. The store is the durable copy: on LevelDB each record's write carries its deltas
+ * as one small row and the buckets are written behind (`checkpoints.ts`); on a shared store
+ * the buckets are written in the same write as each record. At start the
  * account's buckets and each agent's minutes and recent hours are read; an agent's older hours
  * are read when first needed (`ready`, `prepare`). A store without aggregates of this version
  * gets them built from its records. A write that fails after the contributor ran leaves memory
@@ -73,6 +63,11 @@ export class Aggregates {
   /** Where the contributor writes: the base rows, or on a shared store this replica's own. */
   private readonly rows: Rows
   private readonly reader: SharedReader | null
+  /** LevelDB: the buckets written behind the records (null on a shared store). */
+  private readonly checkpoints: Checkpoints | null
+  private readonly dirty = new DirtyBuckets()
+  /** Told when writing the buckets behind fails (it is retried at the next checkpoint). */
+  onCheckpointError: (e: unknown) => void = () => {}
 
   constructor(
     private readonly store: Store,
@@ -83,6 +78,13 @@ export class Aggregates {
     this.accountColl = store.collection<unknown>('metricsAccount')
     this.rows = shared ? replicaRows(store, shared.replicaId) : { agents: this.coll, account: this.accountColl, prefix: '' }
     this.reader = shared ? new SharedReader(store) : null
+    this.checkpoints = shared
+      ? null
+      : new Checkpoints(
+          store,
+          () => this.dirty.take(this.rows),
+          (e) => this.onCheckpointError(e),
+        )
   }
 
   /** The agent's buckets a query of `span` sums: from memory, or on a shared store every replica's from the store. */
@@ -108,12 +110,48 @@ export class Aggregates {
     if (!deltas.length) return NONE as BatchOp[]
     const ops: BatchOp[] = []
     const now = this.clock.now()
+    if (this.checkpoints) {
+      // Counted once the record's batch is logged; the buckets (and pruned ones' deletion) are written behind.
+      for (const d of deltas) this.prune(d.agentId, this.agents.get(d.agentId), now, ops)
+      this.prune(null, this.account, now, ops)
+      this.checkpoints.note(ops)
+      return [this.checkpoints.op(deltas, this.count)]
+    }
     for (const d of deltas) {
       this.apply(d, now, ops)
       this.prune(d.agentId, this.agents.get(d.agentId), now, ops)
     }
     this.prune(null, this.account, now, ops)
     return ops
+  }
+
+  /**
+   * Add `deltas` to memory; the bucket writes that record them. A delta in hours or minutes not
+   * read yet (a change that skipped `prepare`; a row a crash left) is counted once they are.
+   */
+  private readonly count = (deltas: Delta[]): void | Promise<void> => {
+    const now = this.clock.now()
+    const counted = (): void => {
+      for (const d of deltas) this.apply(d, this.clock.now(), undefined, this.dirty)
+    }
+    if (!deltas.some((d) => this.unread(d, now))) return counted()
+    return (async () => {
+      for (const d of deltas) await this.ready(d.agentId, floorTo(d.at, MINUTE_MS))
+      counted()
+    })()
+  }
+
+  /** Whether `d` falls in the agent's hours, or kept minutes, not read from the store yet. */
+  private unread(d: Delta, now: number): boolean {
+    const a = this.agents.get(d.agentId)
+    if (!a) return false
+    const minuteStart = floorTo(d.at, MINUTE_MS)
+    return floorTo(d.at, HOUR_MS) < a.loadedFrom || (minuteStart < a.minutesFrom && kept('minute', minuteStart, now))
+  }
+
+  /** LevelDB: write what was counted since the last checkpoint (at shutdown, after the last record is written). */
+  async flush(): Promise<void> {
+    await this.checkpoints?.flush()
   }
 
   agentIds(): string[] {
@@ -152,13 +190,13 @@ export class Aggregates {
     return a
   }
 
-  /** Add `d` to its hour and minute buckets (those still kept), the agent's and the account's, with their puts when `ops` is given. */
-  private apply(d: Delta, now: number, ops?: BatchOp[]): void {
+  /** Add `d` to its hour and minute buckets (those still kept), the agent's and the account's, with their puts when `ops` is given, marked in `dirty` when it is. */
+  private apply(d: Delta, now: number, ops?: BatchOp[], dirty?: DirtyBuckets): void {
     const hourStart = floorTo(d.at, HOUR_MS)
     if (!kept('hour', hourStart, now)) return
     const a = this.agentOf(d.agentId)
     const minuteStart = floorTo(d.at, MINUTE_MS)
-    if (hourStart < a.loadedFrom || (minuteStart < a.minutesFrom && kept('minute', minuteStart, now))) return this.late(d, now, ops)
+    if (this.unread(d, now)) return this.late(d, now, ops)
     const hour = bucketOf(a, 'hour', hourStart)
     // The hour decides whether an endpoint is kept or folds into `other`, for its minutes too.
     const endpoint = d.kind === 'paid' ? endpointKey(hour, d.endpoint) : ''
@@ -169,6 +207,10 @@ export class Aggregates {
     applyAccount(acctHour, d, endpoint)
     applyAccount(acctDay, d, endpoint)
     if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'hour', hourStart), hour), ...this.accountOps('hour', hourStart, acctHour, d, endpoint))
+    if (dirty) {
+      dirty.agent(hour, d.agentId, 'hour', hourStart)
+      dirty.accountBucket(acctHour, 'hour', hourStart, d, endpoint)
+    }
     // A shared store keeps the days as rows too: a long window reads them, not every hour.
     if (ops && this.shared) ops.push(this.putOp(bucketKey(d.agentId, 'day', dayStart), day), ...this.accountOps('day', dayStart, acctDay, d, endpoint))
     if (!kept('minute', minuteStart, now)) return
@@ -177,6 +219,10 @@ export class Aggregates {
     const acctMinute = bucketOf(this.account, 'minute', minuteStart)
     applyAccount(acctMinute, d, endpoint)
     if (ops) ops.push(this.putOp(bucketKey(d.agentId, 'minute', minuteStart), minute), ...this.accountOps('minute', minuteStart, acctMinute, d, endpoint))
+    if (dirty) {
+      dirty.agent(minute, d.agentId, 'minute', minuteStart)
+      dirty.accountBucket(acctMinute, 'minute', minuteStart, d, endpoint)
+    }
   }
 
   /**
@@ -193,28 +239,14 @@ export class Aggregates {
       .then(() => this.apply(d, now))
   }
 
-  /** The bucket's newest state is what gets logged (several changes in one tick write it once each, in order). */
   private putOp(key: string, b: Bucket): BatchOp {
-    return { type: 'put', coll: this.rows.agents as Collection<unknown>, key: this.rows.prefix + key, value: true, latest: () => encodeBucket(b) }
+    return agentBucketPut(this.rows, key, b, true)
   }
 
-  /** The account bucket without its maps, and the one endpoint and by-agent entry a payment changed (each its own key). */
+  /** The account bucket and the one endpoint and by-agent entry a change made (a payment), written as the batch is logged. */
   private accountOps(precision: Level, start: number, b: Bucket, d: Delta, endpoint: string): BatchOp[] {
-    const { account: coll, prefix } = this.rows
-    const entry = (m: Map<string, EndpointTotals> | undefined, name: string) => () => totalsEntry(m!.get(name)!)
-    const ops: BatchOp[] = [{ type: 'put', coll, key: prefix + accountKey(precision, start), value: true, latest: () => encodeBucket(b, false) }]
-    if (d.kind !== 'paid') return ops
-    ops.push({ type: 'put', coll, key: prefix + accountPartKey(precision, start, 'e', endpoint), value: true, latest: entry(b.endpoints, endpoint) })
-    ops.push({ type: 'put', coll, key: prefix + accountPartKey(precision, start, 'a', d.agentId), value: true, latest: entry(b.byAgent, d.agentId) })
-    return ops
-  }
-
-  private accountDels(precision: Level, start: number, b: Bucket): BatchOp[] {
-    const del = (key: string): BatchOp => ({ type: 'del', coll: this.rows.account, key: this.rows.prefix + key })
-    const out = [del(accountKey(precision, start))]
-    for (const name of b.endpoints.keys()) out.push(del(accountPartKey(precision, start, 'e', name)))
-    for (const name of b.byAgent?.keys() ?? []) out.push(del(accountPartKey(precision, start, 'a', name)))
-    return out
+    const paid = d.kind === 'paid'
+    return accountBucketPuts(this.rows, precision, start, b, paid ? [endpoint] : [], paid ? [d.agentId] : [], true)
   }
 
   /** Drop the buckets past retention (memory and store), at most every PRUNE_EVERY_MS; `agentId` null: the account's. */
@@ -229,9 +261,10 @@ export class Aggregates {
       for (const [start, b] of m) {
         if (keptLevel(precision, start, now)) continue
         m.delete(start)
+        this.dirty.forget(b)
         // Days are rows only on a shared store (on LevelDB only memory, the sums of the hours).
         if (precision === 'day' && !this.shared) continue
-        if (agentId === null) ops.push(...this.accountDels(precision, start, b))
+        if (agentId === null) ops.push(...accountBucketDels(this.rows, precision, start, b))
         else ops.push({ type: 'del', coll: this.rows.agents as Collection<unknown>, key: this.rows.prefix + bucketKey(agentId, precision, start) })
       }
     }
@@ -247,11 +280,14 @@ export class Aggregates {
    * the records (once: the version is written last, so an interrupted build starts over).
    * Call before the contributor is registered and before anything writes records.
    */
-  async start(transactions: Transactions, meta: Collection<unknown>): Promise<{ backfilled: number | null; buckets: number }> {
+  async start(transactions: Transactions, meta: Collection<unknown>): Promise<{ backfilled: number | null; buckets: number; replayed: number }> {
     this.meta = meta
-    if (this.shared) return this.shared.run('metrics:aggregates', () => this.startShared(transactions, meta))
-    if ((await meta.get(AGGREGATES_META_KEY)) === AGGREGATES_VERSION) return { backfilled: null, buckets: await this.load(this.clock.now()) }
-    return this.backfill(transactions, meta, [])
+    if (this.shared) return { ...(await this.shared.run('metrics:aggregates', () => this.startShared(transactions, meta))), replayed: 0 }
+    if ((await meta.get(AGGREGATES_META_KEY)) !== AGGREGATES_VERSION) return { ...(await this.backfill(transactions, meta, [])), replayed: 0 }
+    const buckets = await this.load(this.clock.now())
+    // The deltas a crash left uncounted in the stored buckets (each one's hours read first, as `prepare` does).
+    const replayed = await this.checkpoints!.replay(this.count)
+    return { backfilled: null, buckets, replayed }
   }
 
   /** Build the base rows from the records (the version written last, with `more`), everything counted in memory. */
@@ -259,6 +295,8 @@ export class Aggregates {
     const now = this.clock.now()
     await clear(this.store, this.coll as Collection<unknown>)
     await clear(this.store, this.accountColl)
+    // The records hold every change a delta row does.
+    await clear(this.store, this.store.collection(DELTA_COLLECTION))
     let n = 0
     for await (const [, r] of transactions.records.entries()) {
       this.addRecord(r, now)

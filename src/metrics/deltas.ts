@@ -41,6 +41,39 @@ export function deltasOf(change: RecordChange): Delta[] {
   }
 }
 
+/** A delta as stored (a change counted in memory, not yet in the stored buckets): amounts as decimal strings. */
+export type StoredDelta =
+  | { k: 'paid'; a: string; t: number; v: string; p: 'x402' | 'mpp' | null; l: number; e: string }
+  | { k: 'rejected'; a: string; t: number; r: string }
+  | { k: 'session'; a: string; t: number }
+  | { k: 'delegated'; a: string; t: number; v: string }
+
+export function storedDelta(d: Delta): StoredDelta {
+  switch (d.kind) {
+    case 'paid':
+      return { k: 'paid', a: d.agentId, t: d.at, v: d.amount.toString(), p: d.protocol, l: d.latencyMs, e: d.endpoint }
+    case 'rejected':
+      return { k: 'rejected', a: d.agentId, t: d.at, r: d.reason }
+    case 'session':
+      return { k: 'session', a: d.agentId, t: d.at }
+    default:
+      return { k: 'delegated', a: d.agentId, t: d.at, v: d.amount.toString() }
+  }
+}
+
+export function deltaFromStore(s: StoredDelta): Delta {
+  switch (s.k) {
+    case 'paid':
+      return { kind: 'paid', agentId: s.a, at: s.t, amount: BigInt(s.v), protocol: s.p, latencyMs: s.l, endpoint: s.e }
+    case 'rejected':
+      return { kind: 'rejected', agentId: s.a, at: s.t, reason: s.r }
+    case 'session':
+      return { kind: 'session', agentId: s.a, at: s.t }
+    default:
+      return { kind: 'delegated', agentId: s.a, at: s.t, amount: BigInt(s.v) }
+  }
+}
+
 /** Add `d` to a bucket, its payment under `endpoint` (as the hour decided: `endpointKey`). */
 export function applyDelta(b: Bucket, d: Delta, endpoint: string): void {
   if (d.kind === 'paid') addPaid(b, { amount: d.amount, protocol: d.protocol, latencyMs: d.latencyMs, endpoint })

@@ -215,6 +215,7 @@ t.test('buckets past retention are dropped (minutes after 48 h, hours after 400 
   const a = h.aggregates.agent('a')!
   t.equal(a.minutes.size, 1, 'the old minute is gone')
   t.equal(a.hours.size, 2)
+  await h.aggregates.flush() // the buckets are written behind the records: at the next checkpoint
   await store.settled()
   const keys: string[] = []
   for await (const k of h.aggregates.coll.keys()) keys.push(k)
@@ -257,6 +258,7 @@ t.test('long windows read whole days from the day sums: the same totals as hour 
     t.same(byHours, byMinutes, JSON.stringify(q))
     t.ok((byHours as { tx_count: number }).tx_count > 5)
   }
+  await h.aggregates.flush() // as a clean stop does
   const loaded = new Aggregates(store, clock)
   await store.batch([{ type: 'put', coll: store.collection('meta'), key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }])
   await loaded.start(h.transactions, store.collection('meta'))
