@@ -99,6 +99,7 @@ async function fill(dataDir: string, o: MetricsBenchOptions, from = 0): Promise<
       console.log(`  filled ${n} transactions in ${fmt((Date.now() - t0) / 1000, 0)} s`)
     }
   }
+  await aggregates.flush() // as a clean stop does (the buckets are written behind the records)
   await store.close()
   return { n, ms: Date.now() - t0 }
 }

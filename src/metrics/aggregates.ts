@@ -46,8 +46,9 @@ export interface SharedOptions extends Liveness {
  * the buckets are written in the same write as each record. At start the
  * account's buckets and each agent's minutes and recent hours are read; an agent's older hours
  * are read when first needed (`ready`, `prepare`). A store without aggregates of this version
- * gets them built from its records. A write that fails after the contributor ran leaves memory
- * ahead of the store until the next start, which reloads it.
+ * gets them built from its records. On a shared store a write that fails after the contributor
+ * ran leaves memory ahead of the store until the next start, which reloads it (on LevelDB a
+ * change is counted only once its write is logged).
  *
  * On a store shared by replicas (`shared`) memory holds only what this replica counted since
  * it started, written to rows of its own, and queries (`view`, `accountView`) sum every
@@ -126,8 +127,9 @@ export class Aggregates {
   }
 
   /**
-   * Add `deltas` to memory; the bucket writes that record them. A delta in hours or minutes not
-   * read yet (a change that skipped `prepare`; a row a crash left) is counted once they are.
+   * Add `deltas` to memory and mark the buckets they change for the next checkpoint. A delta in
+   * hours or minutes not read yet (a change that skipped `prepare`; a row a crash left) is
+   * counted once they are.
    */
   private readonly count = (deltas: Delta[]): void | Promise<void> => {
     const now = this.clock.now()

@@ -48,8 +48,8 @@ export class Checkpoints {
 
   /**
    * The row that carries `deltas` in a record's batch; `count` adds them to memory once that
-   * batch is logged and returns the bucket writes (or, when it must read older buckets first,
-   * their promise: until then the row is not counted, and stays).
+   * batch is logged (when it must read older buckets first, it returns a promise: until it
+   * settles the row is not counted, and stays).
    */
   op(deltas: Delta[], count: Count): BatchOp {
     const key = `${this.run}.${(this.seq++).toString(36)}`
