@@ -1,4 +1,4 @@
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { Transactions } from '../../src/ledger/transactions.js'
 import { Aggregates, recount } from '../../src/metrics/aggregates.js'
 import { CHECKPOINT_MS, DELTA_COLLECTION } from '../../src/metrics/checkpoints.js'
@@ -33,13 +33,17 @@ async function started(store: Store, clock: ManualClock): Promise<{ agg: Aggrega
   return { agg, replayed: r.replayed }
 }
 const sorted = (m: Map<string, string>): [string, string][] => [...m].sort()
-
-t.test('a paid record carries its deltas as one row; the next checkpoint writes the buckets and deletes the row', async (t) => {
+/** A started Aggregates on a new store (closed when `t` ends), with a writer through its contributor. */
+async function fresh(t: Test) {
   const store = await Store.open(testDir(t))
   t.teardown(() => store.close())
   const clock = new ManualClock(T0)
   const { agg } = await started(store, clock)
-  const w = writer(store, agg)
+  return { store, clock, agg, w: writer(store, agg) }
+}
+
+t.test('a paid record carries its deltas as one row; the next checkpoint writes the buckets and deletes the row', async (t) => {
+  const { store, clock, agg, w } = await fresh(t)
   await w.pay('a', T0 - MINUTE_MS, 2_000_000n)
   t.equal(await rows(store), 1, 'one row for the payment')
   t.equal(await bucketRows(store), 0, 'no bucket written with it')
@@ -51,11 +55,7 @@ t.test('a paid record carries its deltas as one row; the next checkpoint writes 
 })
 
 t.test('a row deleted by a checkpoint before LevelDB is written never reaches LevelDB: only the log held it', async (t) => {
-  const store = await Store.open(testDir(t))
-  t.teardown(() => store.close())
-  const clock = new ManualClock(T0)
-  const { agg } = await started(store, clock)
-  const w = writer(store, agg)
+  const { store, agg, w } = await fresh(t)
   const level = (store as LevelStore as unknown as { db: { batch: (ops: { key: string }[], ...rest: unknown[]) => Promise<void> } }).db
   const dbBatch = level.batch.bind(level)
   const written: string[] = []
@@ -113,11 +113,7 @@ t.test('rows a crash left are counted at the next start, once; then the stored b
 })
 
 t.test('a record write that fails is not counted', async (t) => {
-  const store = await Store.open(testDir(t))
-  t.teardown(() => store.close())
-  const clock = new ManualClock(T0)
-  const { agg } = await started(store, clock)
-  const w = writer(store, agg)
+  const { store, agg, w } = await fresh(t)
   await w.pay('a', T0, 1000n)
   const hooks = w.hooks
   const rec = { ...(await w.transactions.records.get((await first(w.transactions))!))!, id: 'tx_failed' }
