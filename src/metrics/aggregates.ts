@@ -228,10 +228,11 @@ export class Aggregates {
   }
 
   /**
-   * A live change to an hour still only in the store (`prepare` was not called for it: it
-   * should not happen). Its bucket cannot be written without its stored state, so the version
-   * is cleared in this write (the next start rebuilds from the records) and the change is
-   * counted in memory once the agent's hours are read.
+   * A shared store's live change to an hour still only in the store (`prepare` was not called
+   * for it: it should not happen). Its bucket cannot be written without its stored state, so
+   * the version is cleared in this write (the next start rebuilds from the records) and the
+   * change is counted in memory once the agent's hours are read. (On LevelDB `count` reads the
+   * hours first.)
    */
   private late(d: Delta, now: number, ops?: BatchOp[]): void {
     if (!ops) return
