@@ -90,6 +90,7 @@ export class LedgerSignThread {
     this.thread.ref()
     this.thread.postMessage({ stop: true })
     await exited
+    gates.delete(this.gate) // gone: nothing for an exit to wait out
   }
 
   private fail(e: Error): void {
