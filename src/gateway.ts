@@ -46,6 +46,7 @@ import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import { DashboardAssets } from './api/dashboard.js'
 import { summaryRoutes } from './api/routes/summary.js'
+import { checkExposure, checkSharedStore } from './config/checks.js'
 import type { Config } from './config/load.js'
 import type { Logger } from './log/index.js'
 import { PolicyStore } from './policy/store.js'
@@ -168,20 +169,7 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await s.store.close()
 }
 
-/**
- * On PostgreSQL every replica must decrypt the same wallet keys and pay on the same chain: a
- * start without the shared master key or with the embedded chain (each replica its own) is
- * refused before anything is opened.
- */
-export function checkSharedStore(config: Config): void {
-  if (!config.store.postgresUrl) return
-  const missing = [
-    ...(config.masterKey ? [] : ['masterKey (PAYGATE_MASTER_KEY), the same on every replica']),
-    ...(config.chain.rpcUrl ? [] : ['chain.rpcUrl (PAYGATE_CHAIN_RPC_URL) with chain.token and chain.ledger: an external chain, since an embedded one is per replica']),
-  ]
-  if (missing.length) throw new PaygateError('invalid_config', `with store.postgresUrl (state shared by replicas), set ${missing.join('; and ')}`)
-}
-
+/** The store the config names, its shared-store requirements checked before anything is opened. */
 async function openStore({ config, log }: Ctx): Promise<Store> {
   checkSharedStore(config)
   const store = await Store.open(config.dataDir, {
@@ -191,19 +179,6 @@ async function openStore({ config, log }: Ctx): Promise<Store> {
   if (store.recovered.batches) log.info({ ...store.recovered }, 'replayed the write-ahead log of the last run into LevelDB')
   if (store.backend === 'postgres') log.info('state in PostgreSQL (store.postgresUrl), shared with every replica that names it')
   return store
-}
-
-/** Refuse a config that would expose a default agent, and warn about a reachable dev chain. */
-function checkExposure({ config, log }: Ctx): void {
-  if (config.proxy.defaultAgent && !isLoopback(config.proxy.host) && !config.proxy.allowRemoteDefaultAgent) {
-    throw new PaygateError('invalid_config', `proxy.defaultAgent is allowed only when the proxy binds to loopback (proxy.host = ${config.proxy.host}); set proxy.allowRemoteDefaultAgent to force it`)
-  }
-  if (!config.chain.rpcUrl && !isLoopback(config.chain.rpcHost)) {
-    log.warn(
-      { rpcHost: config.chain.rpcHost },
-      "the embedded chain's JSON-RPC is served beyond loopback: anyone who reaches it can use its dev methods (anvil_setBalance, impersonation, evm_* time travel)",
-    )
-  }
 }
 
 /** Agents, policies, keys, the chain, wallets and the transaction ledger with its outbox. */
@@ -355,7 +330,7 @@ export async function startGateway(config: Config, opts: GatewayOptions): Promis
   const ctx: Ctx = { config, opts, log: opts.log, clock: opts.clock ?? systemClock }
   const s: Started = { store: await openStore(ctx) }
   try {
-    checkExposure(ctx)
+    checkExposure(ctx.config, ctx.log)
     const ledger = await buildLedger(ctx, s)
     const egress = egressGuard(ctx, ledger.chain)
     const paying = buildEngine(ctx, ledger, egress, s)

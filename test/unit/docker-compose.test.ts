@@ -4,7 +4,7 @@ import t from 'tap'
 import YAML from 'yaml'
 import { loadConfig } from '../../src/config/load.js'
 import { envName, KEYS } from '../../src/config/keys.js'
-import { checkSharedStore } from '../../src/gateway.js'
+import { checkSharedStore } from '../../src/config/checks.js'
 import { tempDir } from '../helpers/gateway.js'
 import { START_NODE_ARGS } from '../../bench/lib.js'
 

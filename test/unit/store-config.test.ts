@@ -1,6 +1,6 @@
 import t from 'tap'
 import { loadConfig, secretTexts } from '../../src/config/load.js'
-import { checkSharedStore } from '../../src/gateway.js'
+import { checkSharedStore } from '../../src/config/checks.js'
 
 const URL_WITH_PASSWORD = 'postgres://paygate:hunter2hunter2@db.internal:5432/paygate'
 
