@@ -2,16 +2,17 @@ import type { RecordContributor } from '../ledger/record-hooks.js'
 import type { Transactions, TxRecord } from '../ledger/transactions.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
-import { accountKey, accountValues, agentRange, agentsIn, bucketKey, clear, dropOld, keptLevel, type Level, parseBucketKey, readAccount, readBuckets, writeValues } from './bucket-store.js'
+import { accountValues, bucketKey, clear, keptLevel, type Level, writeValues } from './bucket-store.js'
 import { canonical, encodeBucket, endpointKey, type Bucket, type StoredBucket } from './buckets.js'
-import { type AgentBuckets, addHour, ALL, bucketOf, newBuckets } from './agent-buckets.js'
+import { type AgentBuckets, ALL, bucketOf, newBuckets } from './agent-buckets.js'
 import { accountBucketDels, accountBucketPuts, agentBucketPut } from './bucket-ops.js'
 import { Checkpoints, DELTA_COLLECTION } from './checkpoints.js'
 import { applyAccount, applyDelta, deltasOf, deltasOfRecord, type Delta } from './deltas.js'
 import { DirtyBuckets } from './dirty-buckets.js'
+import { accountBuckets, agentBuckets, loadRecent, readOlder } from './bucket-loading.js'
 import { Folder, type FoldOptions, type Liveness } from './fold.js'
 import { REPLICA_ACCOUNT, REPLICA_AGENTS, replicaRows, SharedReader, type Rows } from './replica-rows.js'
-import { DAY_MS, floorTo, HOUR_MS, kept, MINUTE_MS, MINUTE_RETENTION_MS, type Precision, type Span } from './windows.js'
+import { DAY_MS, floorTo, HOUR_MS, kept, MINUTE_MS, type Precision, type Span } from './windows.js'
 
 export type { AgentBuckets } from './agent-buckets.js'
 export { bucketKey, parseBucketKey } from './bucket-store.js'
@@ -26,9 +27,6 @@ export const SHARED_META_KEY = 'metricsAggregatesShared'
 const PRUNE_EVERY_MS = 10 * MINUTE_MS
 /** The account's key prefix in `snapshot()` (agent ids cannot hold `:`). */
 const ACCOUNT_SNAPSHOT = 'account:'
-
-/** Read at start: minutes from the hour before the current one, hours from the UTC day two days back (what live writes touch). */
-const EAGER_MINUTES_MS = HOUR_MS
 
 const NONE: readonly BatchOp[] = Object.freeze([])
 
@@ -287,7 +285,7 @@ export class Aggregates {
     this.meta = meta
     if (this.shared) return { ...(await this.shared.run('metrics:aggregates', () => this.startShared(transactions, meta))), replayed: 0 }
     if ((await meta.get(AGGREGATES_META_KEY)) !== AGGREGATES_VERSION) return { ...(await this.backfill(transactions, meta, [])), replayed: 0 }
-    const buckets = await this.load(this.clock.now())
+    const buckets = await loadRecent(this.store, this.coll, this.accountColl, this.account, this.agents, this.clock.now())
     // The deltas a crash left uncounted in the stored buckets (each one's hours read first, as `prepare` does).
     const replayed = await this.checkpoints!.replay(this.count)
     return { backfilled: null, buckets, replayed }
@@ -305,7 +303,7 @@ export class Aggregates {
       this.addRecord(r, now)
       n++
     }
-    const buckets = (await writeValues(this.store, this.coll as Collection<unknown>, this.encoded(this.agentBuckets()))) + (await this.writeAccount())
+    const buckets = (await writeValues(this.store, this.coll as Collection<unknown>, this.encoded(agentBuckets(this.agents, this.shared !== null)))) + (await this.writeAccount())
     await this.store.batch([{ type: 'put', coll: meta, key: AGGREGATES_META_KEY, value: AGGREGATES_VERSION }, ...more])
     return { backfilled: n, buckets }
   }
@@ -327,53 +325,15 @@ export class Aggregates {
     return built
   }
 
-  /** The account's buckets, and every agent's minutes and hours from the UTC day two days back (what live writes touch). */
-  private async load(now: number): Promise<number> {
-    let n = await readAccount(this.store, this.accountColl, now, (precision, start, b) => {
-      if (precision === 'minute') this.account.minutes.set(start, b)
-      else if (precision === 'hour') addHour(this.account, start, b)
-    })
-    const from = floorTo(now - MINUTE_RETENTION_MS, DAY_MS)
-    const minutesFrom = floorTo(now - EAGER_MINUTES_MS, HOUR_MS)
-    for await (const agentId of agentsIn(this.coll)) {
-      const a = newBuckets(from, minutesFrom)
-      this.agents.set(agentId, a)
-      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'minute', minutesFrom), parseBucketKey, now, (_, start, b) => a.minutes.set(start, b))
-      n += await readBuckets(this.store, this.coll, agentRange(agentId, 'hour', from), parseBucketKey, now, (_, start, b) => addHour(a, start, b))
-      await dropOld(this.store, this.coll, agentId, 'minute', now)
-      await dropOld(this.store, this.coll, agentId, 'hour', now)
-    }
-    return n
-  }
-
   /** Read the agent's hours before `loadedFrom`, or minutes before `minutesFrom` (once, however many ask at the same time). */
   private loadOlder(agentId: string, precision: Precision): Promise<void> {
     const key = `${precision}\x00${agentId}`
     let p = this.loading.get(key)
     if (!p) {
-      p = (async () => {
-        const a = this.agentOf(agentId)
-        const hours = precision === 'hour'
-        const to = hours ? a.loadedFrom : a.minutesFrom
-        if (to === ALL) return
-        await readBuckets(this.store, this.coll, agentRange(agentId, precision, undefined, to), parseBucketKey, this.clock.now(), (_, start, b) => {
-          if (hours) addHour(a, start, b)
-          else a.minutes.set(start, b)
-        })
-        if (hours) a.loadedFrom = ALL
-        else a.minutesFrom = ALL
-      })().finally(() => this.loading.delete(key))
+      p = readOlder(this.store, this.coll, agentId, this.agentOf(agentId), precision, this.clock.now()).finally(() => this.loading.delete(key))
       this.loading.set(key, p)
     }
     return p
-  }
-
-  private *agentBuckets(): Iterable<[string, Bucket]> {
-    for (const [agentId, a] of this.agents) {
-      for (const [start, b] of a.minutes) yield [bucketKey(agentId, 'minute', start), b]
-      for (const [start, b] of a.hours) yield [bucketKey(agentId, 'hour', start), b]
-      if (this.shared) for (const [start, b] of a.days) yield [bucketKey(agentId, 'day', start), b]
-    }
   }
 
   private *encoded(buckets: Iterable<[string, Bucket]>): Iterable<[string, StoredBucket]> {
@@ -384,11 +344,6 @@ export class Aggregates {
   private async writeAccount(): Promise<number> {
     await writeValues(this.store, this.accountColl, accountValues(this.account, this.shared !== null))
     return this.account.minutes.size + this.account.hours.size
-  }
-
-  private *accountBuckets(prefix: string): Iterable<[string, Bucket]> {
-    for (const [start, b] of this.account.minutes) yield [prefix + accountKey('minute', start), b]
-    for (const [start, b] of this.account.hours) yield [prefix + accountKey('hour', start), b]
   }
 
   /** What is in memory: agents, and buckets (minutes and hours, the account's included). */
@@ -413,8 +368,8 @@ export class Aggregates {
 
   private snapshotInMemory(): Map<string, string> {
     const out = new Map<string, string>()
-    for (const [key, b] of this.agentBuckets()) out.set(key, canonical(b))
-    for (const [key, b] of this.accountBuckets(ACCOUNT_SNAPSHOT)) out.set(key, canonical(b))
+    for (const [key, b] of agentBuckets(this.agents, this.shared !== null)) out.set(key, canonical(b))
+    for (const [key, b] of accountBuckets(this.account, ACCOUNT_SNAPSHOT)) out.set(key, canonical(b))
     return out
   }
 
