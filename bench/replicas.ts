@@ -24,7 +24,6 @@ import { readFileSync, rmSync } from 'node:fs'
 import { loadavg } from 'node:os'
 import { join } from 'node:path'
 import { Pool } from 'undici'
-import pg from 'pg'
 import { createPublicClient, createWalletClient, http, type Address, type Hex, type PublicClient, type WalletClient } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { viemChain } from '../src/chain/chain.js'
@@ -34,6 +33,7 @@ import { tempDir } from '../test/helpers/gateway.js'
 import { type PgCluster, postgresAvailable, startPostgres } from '../test/helpers/postgres.js'
 import { call, type GatewayProcess, runCli, spawnGateway } from '../test/helpers/process.js'
 import { cpuTimes, descendants, fmt, gatewayNodeArgs, percentile, spawnServer } from './lib.js'
+import { addStatements, pgQuery, postgresCpu, type Statements, THIS_DB } from './postgres-stats.js'
 
 export interface ReplicasOptions {
   /** Agents, one caller each. */
@@ -105,7 +105,7 @@ interface Phase extends PhaseSpec {
   cpu: Record<string, number>
   chainCpu: number
   chainRecords: number
-  statements: Map<string, { calls: number; ms: number }>
+  statements: Statements
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
@@ -202,54 +202,6 @@ async function load(workers: number, count: number, maxMs: number, pay: (agent: 
     }),
   )
   return { secs: (performance.now() - t0) / 1000, ms }
-}
-
-/** CPU ms of a process from /proc: its own (utime, stime) and, with `reaped`, its exited children's (cutime, cstime). */
-function cpuOf(pid: number, reaped: boolean): number {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-    const ticks = Number(f[11]) + Number(f[12]) + (reaped ? Number(f[13]) + Number(f[14]) : 0)
-    return ticks * 10 // USER_HZ is 100
-  } catch {
-    return 0
-  }
-}
-
-/**
- * CPU ms used so far by the cluster: the postmaster, the backends it reaped (the pools close
- * idle connections, so backends come and go) and the live ones.
- */
-function postgresCpu(cluster: PgCluster): number {
-  const postmaster = Number(readFileSync(join(cluster.dir, 'data', 'postmaster.pid'), 'utf8').split('\n')[0])
-  return cpuOf(postmaster, true) + descendants(postmaster).reduce((s, pid) => s + cpuOf(pid, false), 0)
-}
-
-async function pgQuery<R extends pg.QueryResultRow>(url: string, sql: string): Promise<R[]> {
-  const c = new pg.Client({ connectionString: url })
-  await c.connect()
-  try {
-    return (await c.query<R>(sql)).rows
-  } finally {
-    await c.end()
-  }
-}
-
-const THIS_DB = '(SELECT oid FROM pg_database WHERE datname = current_database())'
-
-/** pg_stat_statements of this database since its last reset, added into `into`. */
-async function addStatements(url: string, into: Phase['statements']): Promise<void> {
-  const rows = await pgQuery<{ query: string; calls: string; ms: number }>(
-    url,
-    `SELECT query, calls::text, total_exec_time AS ms FROM pg_stat_statements WHERE dbid = ${THIS_DB} AND query NOT LIKE '%pg_stat_statements%'`,
-  )
-  for (const r of rows) {
-    const q = r.query.replace(/\s+/g, ' ').replace(/\$\d+/g, '$n')
-    const s = into.get(q) ?? { calls: 0, ms: 0 }
-    s.calls += Number(r.calls)
-    s.ms += r.ms
-    into.set(q, s)
-  }
 }
 
 /** Start a phase's gateways (and, on the embedded chain, its merchant), make its agents, warm it up. */
