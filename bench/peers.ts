@@ -190,96 +190,124 @@ export async function benchPeers(seconds = 5, rounds = 4): Promise<void> {
     writeFileSync(f, `wrk.path = "${targetUrl}"\n${auth ? `wrk.headers["Proxy-Authorization"] = "${auth}"\n` : ''}`)
     return f
   }
+  // Each contender is added as soon as it runs, so that a failure further on still stops it.
   const contenders: Contender[] = []
   try {
     contenders.push({ name: 'direct', url: targetUrl, script: null, pid: target.pid, stop: async () => {} })
-    // Paygate writes one access-log line per proxied request by default (proxy.accessLog);
-    // squid's default config logs each request too. Both run with their access log (the
-    // defaults) and without it (PAYGATE_PROXY_ACCESS_LOG=false, squid `access_log none`).
-    for (const accessLog of [true, false]) {
-      const data = join(dir, `data-${accessLog ? 'log' : 'nolog'}`)
-      const gw = await spawnGateway({ PAYGATE_DATA_DIR: data, PAYGATE_LOG_LEVEL: 'info', PAYGATE_PROXY_ACCESS_LOG: String(accessLog) }, [], gatewayNodeArgs(), false)
-      const stop = (): Promise<void> => gw.stop('SIGTERM').then(() => {})
-      try {
-        await pin(gw.proc.pid, PROXY_CPU)
-        const acct = readFileSync(join(data, 'account-key'), 'utf8').trim()
-        const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string
-        const url = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started').proxy as string
-        contenders.push({ name: `Paygate (${accessLog ? 'access log' : 'no log'})`, url, script: proxyScript(`Basic ${Buffer.from(`bench:${key}`).toString('base64')}`), pid: gw.proc.pid, stop })
-      } catch (e) {
-        await stop()
-        throw e
-      }
-    }
-    if (await has('tinyproxy')) {
-      const port = await freePort()
-      const conf = join(dir, 'tinyproxy.conf')
-      writeFileSync(conf, `Port ${port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 200\nLogLevel Critical\nAllow 127.0.0.1\n`)
-      const c = spawn(...(await onCpu(PROXY_CPU, 'tinyproxy', ['-d', '-c', conf])), { stdio: 'ignore' })
-      contenders.push({ name: 'tinyproxy', url: `http://127.0.0.1:${port}`, script: proxyScript(null), pid: c.pid, stop: () => stopChild(c) })
-      await waitPort(port, 5000)
-    } else console.log('tinyproxy not installed (apt-get install tinyproxy): skipped')
-    if (await has('squid')) {
-      for (const accessLog of [true, false]) {
-        const port = await freePort()
-        const sdir = join(dir, `squid-${accessLog ? 'log' : 'nolog'}`)
-        mkdirSync(sdir, { recursive: true, mode: 0o777 })
-        chmodSync(sdir, 0o777)
-        const conf = join(sdir, 'squid.conf')
-        // `daemon:` is squid's default access-log module (a helper process writes the file).
-        const log = accessLog ? `access_log daemon:${sdir}/access.log squid` : 'access_log none'
-        writeFileSync(
-          conf,
-          `http_port 127.0.0.1:${port}\nhttp_access allow all\ncache deny all\n${log}\ncache_log /dev/null\ncache_store_log none\npid_filename ${sdir}/squid.pid\ncoredump_dir ${sdir}\nworkers 1\nshutdown_lifetime 0 seconds\n`,
-        )
-        const c = spawn(...(await onCpu(PROXY_CPU, 'squid', ['-N', '-f', conf])), { stdio: 'ignore' })
-        const squid = { name: `squid (${accessLog ? 'access log' : 'no log'})`, url: `http://127.0.0.1:${port}`, script: proxyScript(null), pid: c.pid, stop: () => stopChild(c) }
-        try {
-          await waitPort(port, 10_000)
-          contenders.push(squid)
-        } catch (e) {
-          await squid.stop()
-          console.log(`squid did not start here: ${(e as Error).message}`)
-        }
-      }
-    } else console.log('squid not installed (apt-get install squid): skipped')
+    await startPaygates(dir, proxyScript, contenders)
+    await startTinyproxy(dir, proxyScript, contenders)
+    await startSquids(dir, proxyScript, contenders)
     const mitm = await startMitmproxy(dir, null, PROXY_CPU)
     if (mitm) contenders.push({ name: 'mitmproxy', url: mitm.url, script: proxyScript(null), pid: mitm.pid, stop: () => mitm.stop() })
-
-    const runs = new Map<string, WrkResult[]>(contenders.map((c) => [c.name, []]))
-    // Odd rounds run in reverse order, so no contender always follows the same one.
-    for (let r = 0; r < rounds; r++) {
-      for (const c of r % 2 ? [...contenders].reverse() : contenders) runs.get(c.name)!.push(await wrk(c.url, c.script, seconds, r === 0, c.pid))
-    }
-    const rps = (name: string): number[] => runs.get(name)?.map((w) => w.rps) ?? []
-    const cpu = (name: string): number[] => (runs.get(name) ?? []).flatMap((w) => (w.cpuUs === null ? [] : [w.cpuUs]))
-    const direct = median(rps('direct'))
-    for (const c of contenders) {
-      const all = runs.get(c.name)!
-      const mid = median(all.map((w) => w.rps))
-      // Latencies are those of the round nearest the median rate.
-      const near = all.reduce((a, w) => (Math.abs(w.rps - mid) < Math.abs(a.rps - mid) ? w : a))
-      const us = cpu(c.name)
-      console.log(
-        `${c.name.padEnd(22)} ${fmt(mid, 0).padStart(7)} req/s  p50 ${near.p50}  p99 ${near.p99}  ${us.length ? `${fmt(median(us), 1)} µs CPU/req  ` : ''}(${fmt(mid / direct)}x direct; rounds ${all.map((w) => fmt(w.rps / 1000, 1)).join(', ')}k)`,
-      )
-    }
-    const ratio = (label: string, a: string, b: string): void => {
-      const x = rps(a)
-      const y = rps(b)
-      if (!x.length || !y.length) return
-      const per = x.map((v, i) => v / y[i]!)
-      const [ca, cb] = [cpu(a), cpu(b)]
-      const cpuRatio = ca.length && cb.length ? `; CPU per request ${fmt(median(cb) / median(ca))}x less` : ''
-      console.log(`Paygate / ${label}: ${fmt(median(per))}x the requests/s (rounds ${per.map((v) => fmt(v)).join(', ')})${cpuRatio}`)
-    }
-    ratio('squid, both with access logs', 'Paygate (access log)', 'squid (access log)')
-    ratio('squid, both without access logs', 'Paygate (no log)', 'squid (no log)')
-    ratio('tinyproxy', 'Paygate (access log)', 'tinyproxy')
-    ratio('mitmproxy', 'Paygate (access log)', 'mitmproxy')
+    report(contenders, await measureRounds(contenders, rounds, seconds))
   } finally {
     for (const c of contenders) await c.stop()
     await stopChild(target)
     rmSync(dir, { recursive: true, force: true })
   }
+}
+
+/** The wrk script that sends absolute-form requests for the target through a proxy, with `auth` as Proxy-Authorization where given. */
+type ProxyScript = (auth: string | null) => string
+
+/**
+ * Paygate writes one access-log line per proxied request by default (proxy.accessLog);
+ * squid's default config logs each request too. Both run with their access log (the
+ * defaults) and without it (PAYGATE_PROXY_ACCESS_LOG=false, squid `access_log none`).
+ */
+async function startPaygates(dir: string, proxyScript: ProxyScript, contenders: Contender[]): Promise<void> {
+  for (const accessLog of [true, false]) {
+    const data = join(dir, `data-${accessLog ? 'log' : 'nolog'}`)
+    const gw = await spawnGateway({ PAYGATE_DATA_DIR: data, PAYGATE_LOG_LEVEL: 'info', PAYGATE_PROXY_ACCESS_LOG: String(accessLog) }, [], gatewayNodeArgs(), false)
+    const stop = (): Promise<void> => gw.stop('SIGTERM').then(() => {})
+    try {
+      await pin(gw.proc.pid, PROXY_CPU)
+      const acct = readFileSync(join(data, 'account-key'), 'utf8').trim()
+      const key = (await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'bench' })).body.apiKey as string
+      const url = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started').proxy as string
+      contenders.push({ name: `Paygate (${accessLog ? 'access log' : 'no log'})`, url, script: proxyScript(`Basic ${Buffer.from(`bench:${key}`).toString('base64')}`), pid: gw.proc.pid, stop })
+    } catch (e) {
+      await stop()
+      throw e
+    }
+  }
+}
+
+async function startTinyproxy(dir: string, proxyScript: ProxyScript, contenders: Contender[]): Promise<void> {
+  if (await has('tinyproxy')) {
+    const port = await freePort()
+    const conf = join(dir, 'tinyproxy.conf')
+    writeFileSync(conf, `Port ${port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 200\nLogLevel Critical\nAllow 127.0.0.1\n`)
+    const c = spawn(...(await onCpu(PROXY_CPU, 'tinyproxy', ['-d', '-c', conf])), { stdio: 'ignore' })
+    contenders.push({ name: 'tinyproxy', url: `http://127.0.0.1:${port}`, script: proxyScript(null), pid: c.pid, stop: () => stopChild(c) })
+    await waitPort(port, 5000)
+  } else console.log('tinyproxy not installed (apt-get install tinyproxy): skipped')
+}
+
+/** squid with its access log and without it (see startPaygates). */
+async function startSquids(dir: string, proxyScript: ProxyScript, contenders: Contender[]): Promise<void> {
+  if (await has('squid')) {
+    for (const accessLog of [true, false]) {
+      const port = await freePort()
+      const sdir = join(dir, `squid-${accessLog ? 'log' : 'nolog'}`)
+      mkdirSync(sdir, { recursive: true, mode: 0o777 })
+      chmodSync(sdir, 0o777)
+      const conf = join(sdir, 'squid.conf')
+      // `daemon:` is squid's default access-log module (a helper process writes the file).
+      const log = accessLog ? `access_log daemon:${sdir}/access.log squid` : 'access_log none'
+      writeFileSync(
+        conf,
+        `http_port 127.0.0.1:${port}\nhttp_access allow all\ncache deny all\n${log}\ncache_log /dev/null\ncache_store_log none\npid_filename ${sdir}/squid.pid\ncoredump_dir ${sdir}\nworkers 1\nshutdown_lifetime 0 seconds\n`,
+      )
+      const c = spawn(...(await onCpu(PROXY_CPU, 'squid', ['-N', '-f', conf])), { stdio: 'ignore' })
+      const squid = { name: `squid (${accessLog ? 'access log' : 'no log'})`, url: `http://127.0.0.1:${port}`, script: proxyScript(null), pid: c.pid, stop: () => stopChild(c) }
+      try {
+        await waitPort(port, 10_000)
+        contenders.push(squid)
+      } catch (e) {
+        await squid.stop()
+        console.log(`squid did not start here: ${(e as Error).message}`)
+      }
+    }
+  } else console.log('squid not installed (apt-get install squid): skipped')
+}
+
+/** Every contender's wrk runs, by name, round after round; the first round warms each up. */
+async function measureRounds(contenders: Contender[], rounds: number, seconds: number): Promise<Map<string, WrkResult[]>> {
+  const runs = new Map<string, WrkResult[]>(contenders.map((c) => [c.name, []]))
+  // Odd rounds run in reverse order, so no contender always follows the same one.
+  for (let r = 0; r < rounds; r++) {
+    for (const c of r % 2 ? [...contenders].reverse() : contenders) runs.get(c.name)!.push(await wrk(c.url, c.script, seconds, r === 0, c.pid))
+  }
+  return runs
+}
+
+/** A line per contender (medians over the rounds), then Paygate's ratio to each peer proxy. */
+function report(contenders: Contender[], runs: Map<string, WrkResult[]>): void {
+  const rps = (name: string): number[] => runs.get(name)?.map((w) => w.rps) ?? []
+  const cpu = (name: string): number[] => (runs.get(name) ?? []).flatMap((w) => (w.cpuUs === null ? [] : [w.cpuUs]))
+  const direct = median(rps('direct'))
+  for (const c of contenders) {
+    const all = runs.get(c.name)!
+    const mid = median(all.map((w) => w.rps))
+    // Latencies are those of the round nearest the median rate.
+    const near = all.reduce((a, w) => (Math.abs(w.rps - mid) < Math.abs(a.rps - mid) ? w : a))
+    const us = cpu(c.name)
+    console.log(
+      `${c.name.padEnd(22)} ${fmt(mid, 0).padStart(7)} req/s  p50 ${near.p50}  p99 ${near.p99}  ${us.length ? `${fmt(median(us), 1)} µs CPU/req  ` : ''}(${fmt(mid / direct)}x direct; rounds ${all.map((w) => fmt(w.rps / 1000, 1)).join(', ')}k)`,
+    )
+  }
+  const ratio = (label: string, a: string, b: string): void => {
+    const x = rps(a)
+    const y = rps(b)
+    if (!x.length || !y.length) return
+    const per = x.map((v, i) => v / y[i]!)
+    const [ca, cb] = [cpu(a), cpu(b)]
+    const cpuRatio = ca.length && cb.length ? `; CPU per request ${fmt(median(cb) / median(ca))}x less` : ''
+    console.log(`Paygate / ${label}: ${fmt(median(per))}x the requests/s (rounds ${per.map((v) => fmt(v)).join(', ')})${cpuRatio}`)
+  }
+  ratio('squid, both with access logs', 'Paygate (access log)', 'squid (access log)')
+  ratio('squid, both without access logs', 'Paygate (no log)', 'squid (no log)')
+  ratio('tinyproxy', 'Paygate (access log)', 'tinyproxy')
+  ratio('mitmproxy', 'Paygate (access log)', 'mitmproxy')
 }
