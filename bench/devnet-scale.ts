@@ -179,6 +179,22 @@ type Line = { t: string; n?: number; sample?: Hex; i?: number; address?: Hex; an
 /** The driver: runs the worker, kills it, restarts the chain on its data dir and checks it. */
 async function driver(records: number, maxS: number): Promise<void> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'paygate-devnet-scale-'))
+  const run = await runWorker(dir, records, maxS)
+  const after = await restartAndCheck(dir, run)
+  fs.rmSync(dir, { recursive: true, force: true })
+  report(run, after)
+}
+
+/** What the worker told before it was killed. */
+interface WorkerRun {
+  windows: Line[]
+  samples: { hash: Hex; i: number }[]
+  acked: number
+  ledger: Hex
+}
+
+/** The worker run to its target (or time limit) and SIGKILLed there, its windows printed as they come. */
+async function runWorker(dir: string, records: number, maxS: number): Promise<WorkerRun> {
   const self = fileURLToPath(import.meta.url)
   const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', self, '--worker', dir, '--records', String(records), '--max-s', String(maxS)], {
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -220,7 +236,25 @@ async function driver(records: number, maxS: number): Promise<void> {
   if (!ledger || !windows.length) throw new Error('the worker stopped before it recorded a window')
   // the watchdog kills anvil when the worker dies
   for (let i = 0; i < 100 && anvilPid && fs.existsSync(`/proc/${anvilPid}`); i++) await new Promise((r) => setTimeout(r, 50))
+  return { windows, samples, acked, ledger }
+}
 
+/** What the restart cost and what the restarted chain holds. */
+interface AfterRestart {
+  restartMs: number
+  rssAfterRestart: { node: number; anvil: number }
+  /** The ledger's count once every acknowledged record was mined (or 10 s passed). */
+  count: number
+  minedAfterRestartMs: number
+  verified: number
+}
+
+/** An eth_call of the ledger contract. */
+type LedgerCall = (functionName: string, args?: unknown[]) => Promise<Hex>
+
+/** The chain started again on the killed worker's data dir, timed, then checked: every acknowledged record mined, the sampled ones verified. */
+async function restartAndCheck(dir: string, run: WorkerRun): Promise<AfterRestart> {
+  const { acked, ledger } = run
   const t = performance.now()
   // what the restart spent (snapshot load, journal replay)
   const log = (msg: string, fields?: object): void => {
@@ -229,7 +263,7 @@ async function driver(records: number, maxS: number): Promise<void> {
   const d = await startDevnet({ dataDir: dir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, log })
   const restartMs = Math.round(performance.now() - t)
   const rssAfterRestart = { node: Math.round(process.memoryUsage().rss / 2 ** 20), anvil: Math.round(rssMb(d.childPid)) }
-  const call = async (functionName: string, args: unknown[] = []): Promise<Hex> =>
+  const call: LedgerCall = async (functionName, args = []) =>
     (await d.request({ method: 'eth_call', params: [{ to: ledger, data: encodeFunctionData({ abi, functionName, args }) }, 'latest'] })) as Hex
   // what the journal held unmined at the kill is sent again by the replay and mined in the next block
   let count = Number(BigInt(await call('count')))
@@ -239,12 +273,20 @@ async function driver(records: number, maxS: number): Promise<void> {
     count = Number(BigInt(await call('count')))
   }
   const minedAfterRestartMs = Math.round(performance.now() - t) - restartMs
+  const verified = await verifySamples(d, call, run)
+  await d.close()
+  return { restartMs, rssAfterRestart, count, minedAfterRestartMs, verified }
+}
+
+/** How many of the sampled records verify; each that does not is printed, with what was wrong. */
+async function verifySamples(d: Devnet, call: LedgerCall, run: WorkerRun): Promise<number> {
+  const { samples, ledger } = run
   // every sampled record, the oldest first: its receipt (from anvil or the archive) holds the event, whose digest the contract computes alike
   const { recordedEvents, recordDigest } = await import('../src/chain/ledger-verify.js')
   let verified = 0
   for (const s of samples) {
     const r = (await d.request({ method: 'eth_getTransactionReceipt', params: [s.hash] })) as { logs: { address: string; topics: Hex[]; data: Hex }[]; blockNumber?: Hex } | null
-    const ev = r ? recordedEvents(r.logs, ledger!)[0] : undefined
+    const ev = r ? recordedEvents(r.logs, ledger)[0] : undefined
     // A sample that does not verify is named, with what was wrong, so that it can be looked into.
     const unverified = (why: string): void => console.log(`unverified: ${JSON.stringify({ record: s.i, hash: s.hash, why, block: r?.blockNumber ?? null })}`)
     if (!r || !ev || ev.entry.id !== entryOf(s.i).id) {
@@ -262,9 +304,13 @@ async function driver(records: number, maxS: number): Promise<void> {
       unverified(`the contract answered ${String(onChain)} then ${String(again)}, not ${local} (timestamp ${ev.timestamp})`)
     }
   }
-  await d.close()
-  fs.rmSync(dir, { recursive: true, force: true })
+  return verified
+}
 
+/** The result line, first window against last; a lost record or an unverified sample fails the run. */
+function report(run: WorkerRun, after: AfterRestart): void {
+  const { windows, samples, acked } = run
+  const { count, restartMs, minedAfterRestartMs, rssAfterRestart, verified } = after
   const first = windows[0]
   const last = windows[windows.length - 1]
   const ratio = (k: string): number => +(Number(last?.[k]) / Number(first?.[k])).toFixed(2)
