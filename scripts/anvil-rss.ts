@@ -115,7 +115,8 @@ async function compact(best: number): Promise<number> {
   return nums.length
 }
 
-async function main(): Promise<void> {
+/** anvil with the devnet's flags and this run's, on a free loopback port; killed by its pid at exit too. */
+async function startAnvil(): Promise<{ pid: number; stop(): void }> {
   const port = await freePort()
   url = `http://127.0.0.1:${port}`
   const args = ['--silent', '--host', '127.0.0.1', '--port', String(port), '--no-mining', '--order', ORDER, '--chain-id', String(CHAIN_ID)]
@@ -133,6 +134,11 @@ async function main(): Promise<void> {
     } catch {}
   }
   process.on('exit', stop)
+  return { pid, stop }
+}
+
+async function main(): Promise<void> {
+  const { pid, stop } = await startAnvil()
   try {
     await anvilAnswers(call)
     const deadline = Date.now() + MAX_S * 1000
@@ -154,53 +160,13 @@ async function main(): Promise<void> {
       const n = Math.min(PER_BLOCK, TXS - sent) // (--per-block 0: empty blocks, counted as one tx each)
       const raws: Hex[] = []
       for (let k = 0; k < n; k++) raws.push(KIND === 'ledger' ? sign(nonce++, to, encodeRecordCall(entryOf(sent + k)), 200_000n) : sign(nonce++, to, new Uint8Array(), 21_000n))
-      const hashes: Hex[] = []
-      for (let k = 0; k < raws.length; k += 250) {
-        const rs = await batch(raws.slice(k, k + 250).map((raw) => ({ method: 'eth_sendRawTransaction', params: [raw] })))
-        for (const r of rs) hashes.push(r.result as Hex)
-      }
-      await call('evm_mine')
+      await sendAndMine(raws)
       blocks++
-      if (RECEIPTS) {
-        for (let k = 0; k < hashes.length; k += 250) {
-          const rs = await batch(hashes.slice(k, k + 250).map((h) => ({ method: 'eth_getTransactionReceipt', params: [h] })))
-          if (rs.some((r) => !r.result)) throw new Error('a receipt is missing right after its block')
-        }
-      }
       if (EVERY && RPC && blocks % EVERY === 0) await call(RPC)
       if (COMPACT && blocks % COMPACT === 0) await compact(Number(await call('eth_blockNumber')))
       const before = Math.floor(sent / WINDOW)
       sent += n || 1
-      if (Math.floor(sent / WINDOW) > before) {
-        const s = status(pid)
-        const cpu = cpuMs(pid)
-        if (!first.n && sent >= 2 * WINDOW) Object.assign(first, { rss: s.rssKb, n: sent })
-        console.log(
-          JSON.stringify({
-            txs: sent,
-            blocks,
-            rssMb: +(s.rssKb / 1024).toFixed(1),
-            anonMb: +(s.anonKb / 1024).toFixed(1),
-            kbPerTxWindow: +((s.rssKb - win.rss) / WINDOW).toFixed(3),
-            anvilCpuMsPerTx: +((cpu - win.cpu) / WINDOW).toFixed(3),
-          }),
-        )
-        if (compactTimes.length) {
-          const max = (k: 'fetchMs' | 'loadMs' | 'fetchCpuMs' | 'loadCpuMs'): number => Math.round(Math.max(...compactTimes.map((c) => c[k])))
-          const sum = (k: 'blocks' | 'fetchCpuMs' | 'loadCpuMs'): number => compactTimes.reduce((a, c) => a + c[k], 0)
-          const per = (k: 'fetchCpuMs' | 'loadCpuMs'): number => +(sum(k) / sum('blocks')).toFixed(3)
-          console.log(
-            JSON.stringify({
-              compactions: compactTimes.length,
-              blocks: sum('blocks'),
-              maxWallMs: { fetch: max('fetchMs'), load: max('loadMs') },
-              anvilCpuMsPerBlock: { fetch: per('fetchCpuMs'), load: per('loadCpuMs') },
-            }),
-          )
-          compactTimes.length = 0
-        }
-        win = { cpu, rss: s.rssKb }
-      }
+      if (Math.floor(sent / WINDOW) > before) win = printWindow(pid, sent, blocks, win, first)
     }
     const s = status(pid)
     const slope = first.n && sent > first.n ? { kbPerTxAfter2Windows: +((s.rssKb - first.rss) / (sent - first.n)).toFixed(3) } : {}
@@ -208,6 +174,57 @@ async function main(): Promise<void> {
   } finally {
     stop()
   }
+}
+
+/** One block: its txs sent 250 to a batch, mined with `evm_mine`, and with --receipts 1 every receipt asked for. */
+async function sendAndMine(raws: Hex[]): Promise<void> {
+  const hashes: Hex[] = []
+  for (let k = 0; k < raws.length; k += 250) {
+    const rs = await batch(raws.slice(k, k + 250).map((raw) => ({ method: 'eth_sendRawTransaction', params: [raw] })))
+    for (const r of rs) hashes.push(r.result as Hex)
+  }
+  await call('evm_mine')
+  if (RECEIPTS) {
+    for (let k = 0; k < hashes.length; k += 250) {
+      const rs = await batch(hashes.slice(k, k + 250).map((h) => ({ method: 'eth_getTransactionReceipt', params: [h] })))
+      if (rs.some((r) => !r.result)) throw new Error('a receipt is missing right after its block')
+    }
+  }
+}
+
+/** A window's line (anvil's RSS and CPU per tx since `win`), the compactions in it, and the next window's start; `first` takes the figures after two windows. */
+function printWindow(pid: number, sent: number, blocks: number, win: { cpu: number; rss: number }, first: { rss: number; n: number }): { cpu: number; rss: number } {
+  const s = status(pid)
+  const cpu = cpuMs(pid)
+  if (!first.n && sent >= 2 * WINDOW) Object.assign(first, { rss: s.rssKb, n: sent })
+  console.log(
+    JSON.stringify({
+      txs: sent,
+      blocks,
+      rssMb: +(s.rssKb / 1024).toFixed(1),
+      anonMb: +(s.anonKb / 1024).toFixed(1),
+      kbPerTxWindow: +((s.rssKb - win.rss) / WINDOW).toFixed(3),
+      anvilCpuMsPerTx: +((cpu - win.cpu) / WINDOW).toFixed(3),
+    }),
+  )
+  if (compactTimes.length) printCompactions()
+  return { cpu, rss: s.rssKb }
+}
+
+/** The compactions since the last window, summed up, then forgotten. */
+function printCompactions(): void {
+  const max = (k: 'fetchMs' | 'loadMs' | 'fetchCpuMs' | 'loadCpuMs'): number => Math.round(Math.max(...compactTimes.map((c) => c[k])))
+  const sum = (k: 'blocks' | 'fetchCpuMs' | 'loadCpuMs'): number => compactTimes.reduce((a, c) => a + c[k], 0)
+  const per = (k: 'fetchCpuMs' | 'loadCpuMs'): number => +(sum(k) / sum('blocks')).toFixed(3)
+  console.log(
+    JSON.stringify({
+      compactions: compactTimes.length,
+      blocks: sum('blocks'),
+      maxWallMs: { fetch: max('fetchMs'), load: max('loadMs') },
+      anvilCpuMsPerBlock: { fetch: per('fetchCpuMs'), load: per('loadCpuMs') },
+    }),
+  )
+  compactTimes.length = 0
 }
 
 main().catch((e) => {
