@@ -68,6 +68,14 @@ t.test('a snapshot past the trim point drops old headers; newest block, state, p
   t.same(await block(restarted, 'latest'), after, 'a restart from the trimmed snapshot has the same newest block')
   t.equal(await balance(restarted, 2), 3n)
   t.same(await receipt(restarted, first), firstReceipt)
+
+  // The trim point comes back with the snapshot: the restart does not trim again at once, only
+  // once another trimEveryBlocks blocks are mined.
+  await restarted.snapshot()
+  t.equal(restarted.stats().trims, 0, 'no trim at the first snapshot after the restart')
+  await restarted.request({ method: 'anvil_mine', params: ['0x100'] }) // 256 blocks
+  await restarted.snapshot()
+  t.equal(restarted.stats().trims, 1, 'a trim once 256 more blocks are mined')
 })
 
 t.test('reads made while a trim reloads anvil wait for the state to be back (between reset and load anvil is an empty chain)', async (t: Test) => {

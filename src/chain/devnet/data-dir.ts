@@ -33,6 +33,8 @@ export interface SnapshotMeta {
   offset: number
   blocks: number
   at: string
+  /** anvil's newest block at the last trim of old headers (absent in snapshots of older versions: 0) */
+  trimmedAt?: number
 }
 
 /** What a start finds in the data dir. */
@@ -49,6 +51,8 @@ export interface Generations {
   stateMb: number
   /** its chain-time offset */
   offset: number
+  /** its trim point (`SnapshotMeta.trimmedAt`) */
+  trimmedAt: number
 }
 
 /** data dirs open in this process */
@@ -110,11 +114,13 @@ export function findGenerations(dir: string): Generations {
     const g = Number(m[2])
     if (m[3] === '.tmp' || (m[1] === 'snap' && g !== base) || (m[1] === 'journal' && g < base)) fs.rmSync(path.join(dir, f), { recursive: true, force: true })
   }
-  const found: Generations = { base, journals, gen: Math.max(base, ...journals), loadState: undefined, stateMb: 0, offset: 0 }
+  const found: Generations = { base, journals, gen: Math.max(base, ...journals), loadState: undefined, stateMb: 0, offset: 0, trimmedAt: 0 }
   if (base > 0) {
     found.loadState = path.join(dir, `snap-${base}`, 'state.json')
     found.stateMb = fs.statSync(found.loadState).size / 2 ** 20
-    found.offset = (JSON.parse(fs.readFileSync(path.join(dir, `snap-${base}`, 'meta.json'), 'utf8')) as SnapshotMeta).offset
+    const sm = JSON.parse(fs.readFileSync(path.join(dir, `snap-${base}`, 'meta.json'), 'utf8')) as SnapshotMeta
+    found.offset = sm.offset
+    found.trimmedAt = sm.trimmedAt ?? 0
   }
   return found
 }

@@ -25,6 +25,8 @@ export interface JournalStart {
   gen: number
   /** chain-time offset (s) relative to the wall clock */
   offset: number
+  /** anvil's newest block at the last trim, as the base snapshot recorded it (0: none) */
+  trimmedAt: number
   /** size of the newest snapshot (MB) */
   stateMb: number
   tail: Tail
@@ -57,8 +59,11 @@ export class Journal {
   snapshots = 0
   /** of those, the ones that trimmed old headers */
   trims = 0
-  /** anvil's newest block at the last trim (0: none since the start) */
-  private trimmedAt = 0
+  /**
+   * anvil's newest block at the last trim (0: none). Kept in each snapshot's meta: a restart
+   * loads a trimmed dump, so the blocks since that trim are what anvil holds beyond the kept headers.
+   */
+  private trimmedAt: number
   /** anvil's CPU time during each of those holds */
   readonly snapshotCpuMs: number[] = []
   private stateMb: number
@@ -73,6 +78,7 @@ export class Journal {
   ) {
     this.gen = start.gen
     this.offset = start.offset
+    this.trimmedAt = start.trimmedAt
     this.stateMb = start.stateMb
     this.tail = start.tail
     this.fd = fs.openSync(journalPath(opts.dir, this.gen), 'a')
@@ -142,7 +148,7 @@ export class Journal {
     this.fd = fs.openSync(journalPath(this.opts.dir, next), 'a')
     this.gen = next
     this.tail = { entries: node.pending.size, fresh: 0, costMs: 0 }
-    const sm: SnapshotMeta = { offset: this.offset, blocks: node.blocks, at: new Date().toISOString() }
+    const sm: SnapshotMeta = { offset: this.offset, blocks: node.blocks, at: new Date().toISOString(), trimmedAt: this.trimmedAt }
     const ms = Math.round(performance.now() - t)
     this.snapshots++
     this.snapshotMs.push(ms)

@@ -31,7 +31,7 @@ export async function restore(node: AnvilNode, archive: ReceiptArchive, dir: str
   // chain-time: explicit-timestamp mines during replay moved anvil's offset; put it back
   await node.setTimeOffset(r.offset).catch((e: unknown) => log('could not put the chain-time offset back', { offset: r.offset, error: String(e) }, 'warn'))
   node.blocks = Number((await node.latestMined()).number)
-  const journal: JournalStart = { gen: gens.gen, offset: r.offset, stateMb: gens.stateMb, tail: r.tail }
+  const journal: JournalStart = { gen: gens.gen, offset: r.offset, trimmedAt: gens.trimmedAt, stateMb: gens.stateMb, tail: r.tail }
   return { journal, replayed: r.replayed, replayMs }
 }
 
