@@ -71,6 +71,8 @@ export interface GatewayOptions {
   dashboardDir?: string
   /** How the egress guard resolves names (default: dns.lookup); tests inject one. */
   resolver?: Resolver
+  /** Sign ledger records on the embedded chain too, as an external chain gets them (tests of that path). */
+  signedLedger?: boolean
 }
 
 export interface Gateway {
@@ -182,14 +184,14 @@ async function openStore({ config, log }: Ctx): Promise<Store> {
 }
 
 /** Agents, policies, keys, the chain, wallets and the transaction ledger with its outbox. */
-async function buildLedger({ config, log, clock }: Ctx, s: Started) {
+async function buildLedger({ config, opts, log, clock }: Ctx, s: Started) {
   const { store } = s
   const registry = new Registry(store, clock, config.accountKey)
   const policies = new PolicyStore(store, registry, clock)
   // One-time setup (master key check, chain signer) runs once across replicas; the account key after the listeners.
   const { keystore, commitKeys, chain } = await store.withInitLock(async () => {
     const { keystore, commit: commitKeys } = await Keystore.open(config.dataDir, config.masterKey, store.collection('meta'))
-    const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log }))
+    const chain = (s.chain = await Chain.start(config, { meta: store.collection('chain'), keystore, log, signedLedger: opts.signedLedger === true }))
     return { keystore, commitKeys, chain }
   })
   const walletStore = new Wallets(store, registry, keystore, clock)

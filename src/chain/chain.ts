@@ -17,6 +17,8 @@ import { startDevnetThread } from './devnet/thread.js'
 import { portTaken } from '../util/ports.js'
 import { instrumented, transportFor, unanswered } from './rpc.js'
 import { readTokenDomain } from './token-domain.js'
+import { LedgerSigner } from './ledger-signer.js'
+import { ZERO32 } from './ledger-tx.js'
 
 export { readTokenDomain } from './token-domain.js'
 
@@ -94,9 +96,11 @@ export class Chain {
     private readonly devnet: Devnet | null,
     /** Embedded chain only: owns the dev token and mints for the faucet (never the ledger signer, whose nonces the outbox manages). */
     private readonly minter: PrivateKeyAccount | null,
+    /** Ledger records go to the chain unsigned, from the signer's account impersonated (the embedded chain; see sendUnsigned). */
+    readonly unsignedLedger: boolean,
   ) {}
 
-  static async start(config: Config, deps: { meta: Collection<unknown>; keystore: Keystore; log: Logger }): Promise<Chain> {
+  static async start(config: Config, deps: { meta: Collection<unknown>; keystore: Keystore; log: Logger; signedLedger?: boolean }): Promise<Chain> {
     const { meta, keystore, log } = deps
     const c = config.chain
     let devnet: Devnet | null = null
@@ -165,8 +169,11 @@ export class Chain {
       ])
       if (!recorder) log.warn({ signer: signer.address, ledger: deployment.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
       const info: ChainInfo = { network, chainId: c.chainId, rpcUrl: shownUrl(rpcUrl), token: deployment.token, tokenDomain, ledger: deployment.ledger }
-      log.info({ ...info, embedded: !!devnet, signer: signer.address }, 'chain ready')
-      return new Chain(info, !!devnet, publicClient, walletClient, signer, new FastSigner(signerKey), devnet, minter)
+      const fastSigner = new FastSigner(signerKey)
+      const unsigned =
+        devnet && !deps.signedLedger ? await unsignedHashesAgree(devnet, fastSigner, info, await publicClient.getTransactionCount({ address: signer.address, blockTag: 'pending' }), log) : false
+      log.info({ ...info, embedded: !!devnet, signer: signer.address, unsignedLedger: unsigned }, 'chain ready')
+      return new Chain(info, !!devnet, publicClient, walletClient, signer, fastSigner, devnet, minter, unsigned)
     } catch (e) {
       await devnet?.close()
       throw e
@@ -255,9 +262,36 @@ export class Chain {
     return out
   }
 
+  /**
+   * Unsigned ledger transactions (LedgerSigner.unsigned) of the signer, in nonce order, sent as
+   * its account impersonated: the embedded chain only (`unsignedLedger`), as sendRawTransactions otherwise.
+   */
+  async sendUnsigned(raws: Hex[]): Promise<SendResult[]> {
+    if (!this.devnet) throw new Error('unsigned transactions go to the embedded chain only')
+    return this.devnet.sendUnsigned(this.signer.address, raws)
+  }
+
   async close(): Promise<void> {
     await this.devnet?.close()
   }
+}
+
+/**
+ * Whether the embedded chain gives an unsigned ledger record the hash Paygate computes for it
+ * (tried on one under the signer's next nonce that it keeps nowhere: Devnet.probeUnsigned). The anvil shipped does; one configured
+ * by `chain.anvilPath` that hashes otherwise gets signed records, as an external chain does,
+ * since a record's stored hash is how its receipt is found.
+ */
+export async function unsignedHashesAgree(devnet: Devnet, key: FastSigner, info: ChainInfo, nonce: number, log: Logger): Promise<boolean> {
+  const probe = new LedgerSigner(key).unsigned(
+    { chainId: info.chainId, ledger: info.ledger, maxFeePerGas: 50_000_000_000n, maxPriorityFeePerGas: 1n },
+    { id: ZERO32, parentTxHash: ZERO32, agentId: 'probe', amount: 0n, protocol: 'probe', origin: 'http://probe', pathHash: ZERO32, depth: 0 },
+    BigInt(nonce),
+  )
+  const got = await devnet.probeUnsigned(key.address, probe.raw).catch((e: unknown) => `refused (${(e as Error).message})`)
+  if (got.toLowerCase() === probe.hash) return true
+  log.warn({ expected: probe.hash, got }, 'the embedded chain hashes unsigned transactions otherwise than Paygate expects: ledger records are signed instead')
+  return false
 }
 
 /** The configured signer, else one generated once and stored encrypted under the master key. */

@@ -98,8 +98,67 @@ function signed(items: Buffer[], sig: TxSignature): Buffer {
   return Buffer.concat([TYPE, rlpList(all)])
 }
 
+/**
+ * The transaction with a zero signature (yParity, r and s all zero): what anvil holds for a
+ * transaction it took from an impersonated account (eth_sendTransaction), which it never signs.
+ */
+export function unsignedEip1559(f: Eip1559Fields): Buffer {
+  return signed(fieldItems(f), { r: EMPTY, s: EMPTY, yParity: 0 })
+}
+
 /** Sign (`sign` gets the payload bytes, hashes and signs them) and serialize, encoding the fields once. */
 export function signEip1559(f: Eip1559Fields, sign: (payload: Buffer) => TxSignature): Buffer {
   const items = fieldItems(f)
   return signed(items, sign(Buffer.concat([TYPE, rlpList(items)])))
+}
+
+/** One RLP item of `b` at `at`: its payload's bounds (the next item starts at `end`) and whether it is a list. */
+function item(b: Uint8Array, at: number): { start: number; end: number; list: boolean } {
+  const p = b[at]
+  if (p === undefined) throw new RangeError('rlp: truncated')
+  if (p < 0x80) return { start: at, end: at + 1, list: false }
+  const list = p >= 0xc0
+  const base = list ? 0xc0 : 0x80
+  let len = p - base
+  let start = at + 1
+  if (len > 55) {
+    const n = len - 55
+    len = 0
+    for (let i = 0; i < n; i++) len = len * 256 + b[at + 1 + i]!
+    start += n
+  }
+  if (start + len > b.length) throw new RangeError('rlp: truncated')
+  return { start, end: start + len, list }
+}
+
+const uintOf = (b: Uint8Array): bigint => (b.length ? BigInt(`0x${Buffer.from(b).toString('hex')}`) : 0n)
+
+/**
+ * Reads back what serializeEip1559 and unsignedEip1559 write (the one shape the ledger outbox
+ * makes: no access list entries): the fields, and whether it carries a signature (an unsigned
+ * one has zero r and s).
+ */
+export function parseEip1559(raw: Uint8Array): { fields: Eip1559Fields; signed: boolean } {
+  if (raw[0] !== 0x02) throw new RangeError('not an EIP-1559 transaction')
+  const list = item(raw, 1)
+  if (!list.list || list.end !== raw.length) throw new RangeError('rlp: not one list')
+  const parts: Uint8Array[] = []
+  for (let at = list.start; at < list.end; ) {
+    const it = item(raw, at)
+    parts.push(raw.subarray(it.start, it.end))
+    at = it.end
+  }
+  if (parts.length !== 12) throw new RangeError(`expected 12 items, got ${parts.length}`)
+  const part = (i: number): Uint8Array => parts[i]!
+  const fields: Eip1559Fields = {
+    chainId: Number(uintOf(part(0))),
+    nonce: uintOf(part(1)),
+    maxPriorityFeePerGas: uintOf(part(2)),
+    maxFeePerGas: uintOf(part(3)),
+    gas: uintOf(part(4)),
+    to: part(5),
+    value: uintOf(part(6)),
+    data: part(7),
+  }
+  return { fields, signed: part(10).length > 0 || part(11).length > 0 }
 }

@@ -3,7 +3,7 @@ import type { FastSigner } from '../crypto/secp256k1.js'
 import { GATE_SLOTS, GATE_STATE, GATE_STOP, SIGNING } from './ledger-sign-gate.js'
 import { moduleThread } from '../util/thread.js'
 import type { LedgerEntry } from './ledger-tx.js'
-import type { LedgerSignContext, SignedLedgerTx } from './ledger-signer.js'
+import type { LedgerSignContext, LedgerTx } from './ledger-signer.js'
 
 /** The longest an exit waits for a signature under way (one takes ~0.08 ms). */
 const EXIT_WAIT_MS = 1000
@@ -42,7 +42,7 @@ function waitOutSignatures(): void {
 export class LedgerSignThread {
   private readonly thread: Worker
   private next = 0
-  private readonly waiting = new Map<number, { resolve: (s: SignedLedgerTx[]) => void; reject: (e: Error) => void }>()
+  private readonly waiting = new Map<number, { resolve: (s: LedgerTx[]) => void; reject: (e: Error) => void }>()
   alive = true
 
   private readonly gate = new Int32Array(new SharedArrayBuffer(GATE_SLOTS * Int32Array.BYTES_PER_ELEMENT))
@@ -56,7 +56,7 @@ export class LedgerSignThread {
     }
     // Idle, it must not keep the process up; while a request waits it does.
     this.thread.unref()
-    this.thread.on('message', (m: { id: number; signed?: SignedLedgerTx[]; error?: string }) => {
+    this.thread.on('message', (m: { id: number; signed?: LedgerTx[]; error?: string }) => {
       const w = this.waiting.get(m.id)
       if (!w) return
       this.waiting.delete(m.id)
@@ -68,7 +68,7 @@ export class LedgerSignThread {
     this.thread.on('exit', (code) => this.fail(new Error(`the ledger signing thread exited (${code})`)))
   }
 
-  sign(ctx: LedgerSignContext, items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<SignedLedgerTx[]> {
+  sign(ctx: LedgerSignContext, items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<LedgerTx[]> {
     if (!this.alive) return Promise.reject(new Error('the ledger signing thread is stopped'))
     const id = this.next++
     return new Promise((resolve, reject) => {

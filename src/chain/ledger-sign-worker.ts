@@ -3,7 +3,7 @@ import type { Hex } from 'viem'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { LedgerEntry } from './ledger-tx.js'
 import { GATE_STATE, GATE_STOP, IDLE, SIGNING } from './ledger-sign-gate.js'
-import { LedgerSigner, type LedgerSignContext, type SignedLedgerTx } from './ledger-signer.js'
+import { LedgerSigner, type LedgerSignContext, type LedgerTx } from './ledger-signer.js'
 
 /** The signing thread's side (see ledger-sign-thread.ts): signs each request's records in order and answers with their bytes and hashes. */
 const data = workerData as { key: Hex; gate: SharedArrayBuffer }
@@ -25,7 +25,7 @@ parentPort!.on('message', (m: Request | { stop: true }) => {
   // must not cut this thread off inside the native addons (nothing more is answered).
   Atomics.store(gate, GATE_STATE, SIGNING)
   try {
-    const signed: SignedLedgerTx[] = []
+    const signed: LedgerTx[] = []
     for (const i of items) {
       if (Atomics.load(gate, GATE_STOP)) return
       signer ??= new LedgerSigner(new FastSigner(data.key))

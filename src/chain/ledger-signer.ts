@@ -1,13 +1,13 @@
 import type { Hex } from 'viem'
 import { keccak256Bytes } from '../crypto/keccak.js'
 import type { FastSigner } from '../crypto/secp256k1.js'
-import { signEip1559 } from './eip1559.js'
+import { type Eip1559Fields, rlpString, signEip1559, unsignedEip1559 } from './eip1559.js'
 import { encodeRecordCall } from './ledger-call.js'
 import type { LedgerEntry } from './ledger-tx.js'
 
 const GAS_LIMIT = 300_000n
 
-/** What a ledger record's signature depends on besides the entry and the nonce. */
+/** What a ledger record's transaction depends on besides the entry and the nonce. */
 export interface LedgerSignContext {
   chainId: number
   ledger: string
@@ -15,24 +15,51 @@ export interface LedgerSignContext {
   maxPriorityFeePerGas: bigint
 }
 
-export interface SignedLedgerTx {
+/** A ledger record's transaction (signed, or unsigned for the embedded chain) and its hash. */
+export interface LedgerTx {
   raw: Hex
   hash: Hex
 }
 
-/** Signs PaymentLedger.record() transactions with one key: pure, so the signing thread runs the same code. */
+/** Makes PaymentLedger.record() transactions from one key's account: pure, so the signing thread runs the same code. */
 export class LedgerSigner {
   /** The ledger address as bytes, converted once. */
   private to: { address: string; bytes: Buffer } | undefined
+  /** The account's address as bytes. */
+  private readonly from: Buffer
 
-  constructor(private readonly key: FastSigner) {}
+  constructor(private readonly key: FastSigner) {
+    this.from = addressBytes(key.address)
+  }
 
-  sign(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): SignedLedgerTx {
+  sign(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): LedgerTx {
+    const raw = signEip1559(this.fields(ctx, e, nonce), (payload) => this.key.signDigestBytes(keccak256Bytes(payload)))
+    return { raw: `0x${raw.toString('hex')}`, hash: `0x${keccak256Bytes(raw).toString('hex')}` }
+  }
+
+  /**
+   * The same transaction unsigned, for a node that takes it from the account impersonated (the
+   * embedded chain, see docs/devnet.md), with the hash such a node gives it: anvil hashes the
+   * transaction's RLP (its typed bytes as one RLP string) followed by the sender's address.
+   */
+  unsigned(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): LedgerTx {
+    const raw = unsignedEip1559(this.fields(ctx, e, nonce))
+    return { raw: `0x${raw.toString('hex')}`, hash: this.hashUnsigned(raw) }
+  }
+
+  /** The hash of an unsigned transaction from this account (as `unsigned` gives it). */
+  unsignedHash(raw: Hex): Hex {
+    return this.hashUnsigned(Buffer.from(raw.slice(2), 'hex'))
+  }
+
+  private hashUnsigned(raw: Buffer): Hex {
+    return `0x${keccak256Bytes(Buffer.concat([rlpString(raw), this.from])).toString('hex')}`
+  }
+
+  private fields(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): Eip1559Fields {
     if (this.to?.address !== ctx.ledger) this.to = { address: ctx.ledger, bytes: addressBytes(ctx.ledger) }
     const { chainId, maxFeePerGas, maxPriorityFeePerGas } = ctx
-    const fields = { chainId, nonce, gas: GAS_LIMIT, maxFeePerGas, maxPriorityFeePerGas, to: this.to.bytes, value: 0n, data: encodeRecordCall(e) }
-    const raw = signEip1559(fields, (payload) => this.key.signDigestBytes(keccak256Bytes(payload)))
-    return { raw: `0x${raw.toString('hex')}`, hash: `0x${keccak256Bytes(raw).toString('hex')}` }
+    return { chainId, nonce, gas: GAS_LIMIT, maxFeePerGas, maxPriorityFeePerGas, to: this.to.bytes, value: 0n, data: encodeRecordCall(e) }
   }
 }
 

@@ -1,4 +1,4 @@
-import type { LedgerEntry, LedgerWriter, SignedLedgerTx } from '../chain/ledger-tx.js'
+import type { LedgerEntry, LedgerWriter, LedgerTx } from '../chain/ledger-tx.js'
 
 /** The same ledger record, field by field. */
 const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
@@ -18,7 +18,7 @@ const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
  */
 export class RecordSigning {
   /** A record signed ahead, with the nonce and stamp it was signed under. */
-  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: SignedLedgerTx } | null = null
+  private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: LedgerTx } | null = null
 
   constructor(private readonly writer: LedgerWriter) {}
 
@@ -41,8 +41,8 @@ export class RecordSigning {
   }
 
   /** The signatures of `entries` under the nonces from `from` on. */
-  async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<SignedLedgerTx[]> {
-    const out: SignedLedgerTx[] = []
+  async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<LedgerTx[]> {
+    const out: LedgerTx[] = []
     const rest: { entry: LedgerEntry; nonce: bigint }[] = []
     const restAt: number[] = []
     entries.forEach((entry, i) => {

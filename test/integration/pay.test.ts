@@ -1,4 +1,4 @@
-import t, { type Test } from 'tap'
+import t from 'tap'
 import type { Hex } from 'viem'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -6,6 +6,7 @@ import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { recordIdOf } from '../../src/chain/ledger-tx.js'
 import { recordDigest, recordedEvents } from '../../src/chain/ledger-verify.js'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
+import { watchSigning } from '../helpers/ledger-signing.js'
 import { startSpecMerchant, startV1Merchant, startV2Merchant, type Merchant, type MerchantOptions } from '../helpers/merchants.js'
 
 /** Real merchants (official x402 v2 and v1 packages, and the spec shapes) on the embedded chain (id 84532). */
@@ -83,80 +84,38 @@ for (const kind of ['v2', 'v1', 'simple', 'accepts'] as const) {
   })
 }
 
-/** Watch the outbox's signatures: those made on the main thread (ahead) and those asked of the signing thread. */
-function watchSigning(t: Test) {
-  type Items = readonly { entry: unknown; nonce: bigint }[]
-  const outbox = gw.gw.outbox as unknown as {
-    signAhead(e: unknown): void
-    record(...a: unknown[]): Promise<Hex>
-    writer: { signMany(items: Items): Promise<{ raw: Hex; hash: Hex }[]>; sign(e: unknown, n: bigint): { raw: Hex; hash: Hex }; thread?: { alive: boolean } }
-  }
-  t.equal(outbox.writer.thread?.alive, true, 'the gateway has a thread that signs ledger records')
-  const ahead = outbox.signAhead.bind(outbox)
-  const record = outbox.record.bind(outbox)
-  const signMany = outbox.writer.signMany.bind(outbox.writer)
-  const sign = outbox.writer.sign.bind(outbox.writer)
-  const calls = { ahead: 0, onMain: [] as Hex[], onThread: [] as Hex[], requests: 0, mainBeforeRecord: -1 }
-  outbox.record = (...a) => {
-    calls.mainBeforeRecord = calls.onMain.length
-    return record(...a)
-  }
-  outbox.signAhead = (e) => {
-    calls.ahead++
-    ahead(e)
-  }
-  outbox.writer.signMany = async (items) => {
-    calls.requests++
-    const s = await signMany(items)
-    calls.onThread.push(...s.map((x) => x.hash))
-    return s
-  }
-  outbox.writer.sign = (e, n) => {
-    const s = sign(e, n)
-    calls.onMain.push(s.hash)
-    return s
-  }
-  t.teardown(() => {
-    outbox.signAhead = ahead
-    outbox.record = record
-    outbox.writer.signMany = signMany
-    outbox.writer.sign = sign
-  })
-  return calls
-}
-
-t.test('the ledger record of a lone payment is signed while the paid retry is on the wire, once, and that is the transaction on chain', async (t) => {
+t.test('the ledger record of a lone payment is made while the paid retry is on the wire, once: unsigned, from the ledger account, and that is the transaction on chain', async (t) => {
   const { m } = await merchant('v2')
-  const calls = watchSigning(t)
+  const calls = watchSigning(t, gw)
+  t.equal(calls.thread, undefined, 'no signing thread: the embedded chain takes ledger records unsigned')
   const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })
   t.equal(r.status, 200, r.text)
-  t.equal(calls.ahead, 1, 'asked to sign ahead')
-  t.equal(calls.mainBeforeRecord, 1, 'the record was already signed when the paid answer came to be recorded')
-  t.same(calls.onMain, [r.body.txHash], "one signature, and its hash is the answer's txHash")
-  t.same(calls.onThread, [], 'nothing more asked of the signing thread')
+  t.equal(calls.ahead, 1, 'asked to make it ahead')
+  t.equal(calls.mainBeforeRecord, 1, 'the record was already made when the paid answer came to be recorded')
+  t.same(calls.onMain, [r.body.txHash], "made once, and its hash is the answer's txHash")
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
   const receipt = await pub.getTransactionReceipt({ hash: r.body.txHash })
   t.equal(receipt.status, 'success')
+  const onChain = await pub.getTransaction({ hash: r.body.txHash })
+  t.equal(onChain.from.toLowerCase(), gw.gw.chain.signer.address.toLowerCase(), "from the ledger signer's account")
+  t.same([BigInt(onChain.r), BigInt(onChain.s)], [0n, 0n], 'with no signature')
   const tx = (await gw.api('GET', `/v1/transactions/${r.body.txHash}`)).body
   t.ok(await recordedOnLedger(receipt, tx.id), 'the ledger event holds the record')
 })
 
-t.test('payments made together are signed on the signing thread, and each is its own transaction on chain', async (t) => {
+t.test('payments made together are each their own transaction on chain, made in one go per group', async (t) => {
   const { m } = await merchant('v2')
-  const calls = watchSigning(t)
+  const calls = watchSigning(t, gw)
   const rs = await Promise.all(Array.from({ length: 12 }, () => gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })))
   for (const r of rs) t.equal(r.status, 200, r.text)
   const hashes = rs.map((r) => r.body.txHash as Hex)
   t.equal(new Set(hashes).size, 12, 'twelve ledger transactions')
-  const signed = new Set([...calls.onMain, ...calls.onThread])
+  const made = new Set([...calls.onMain, ...calls.inGroups])
   t.ok(
-    hashes.every((h) => signed.has(h)),
-    'each was signed by the outbox',
+    hashes.every((h) => made.has(h)),
+    'each was made by the outbox',
   )
-  t.ok(
-    calls.onThread.filter((h) => hashes.includes(h)).length >= 6,
-    `most on the signing thread (${calls.onThread.length} there in ${calls.requests} requests, ${calls.onMain.length} ahead on the main thread)`,
-  )
+  t.ok(calls.requests < 12, `in groups (${calls.requests} for ${calls.inGroups.length} records, ${calls.onMain.length} ahead)`)
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger records are confirmed')
   for (const h of hashes) t.equal((await pub.getTransactionReceipt({ hash: h })).status, 'success')
 })

@@ -1,10 +1,11 @@
 import t from 'tap'
 import { randomBytes, randomInt } from 'node:crypto'
-import { encodeFunctionData, keccak256, serializeTransaction, toHex, type Hex } from 'viem'
+import { concat, encodeFunctionData, keccak256, serializeTransaction, toHex, toRlp, type Hex } from 'viem'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
-import type { Chain } from '../../src/chain/chain.js'
+import { type Chain, type ChainInfo, unsignedHashesAgree } from '../../src/chain/chain.js'
+import type { Devnet } from '../../src/chain/devnet/index.js'
 import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
-import { serializeEip1559, type Eip1559Fields } from '../../src/chain/eip1559.js'
+import { parseEip1559, serializeEip1559, unsignedEip1559, type Eip1559Fields } from '../../src/chain/eip1559.js'
 import { encodeRecordCall } from '../../src/chain/ledger-call.js'
 import { ledgerLocation, LedgerWriter, type LedgerEntry } from '../../src/chain/ledger-tx.js'
 import { FastSigner } from '../../src/crypto/secp256k1.js'
@@ -157,6 +158,121 @@ t.test('LedgerWriter.sign equals viem: encodeFunctionData + signTransaction, and
       }
     }
   }
+})
+
+t.test("unsigned transactions: viem's bytes with a zero signature; parseEip1559 reads back either kind", async (t) => {
+  let bad = 0
+  for (let i = 0; i < 1000; i++) {
+    const maxFeePerGas = pick([1n, 50_000_000_000n, randomBig(256)])
+    const tx = {
+      type: 'eip1559' as const,
+      chainId: pick([1, 31337, 84532, randomInt(1, 2 ** 40)]),
+      nonce: pick([0, 1, 127, 128, randomInt(0, 2 ** 48 - 1)]),
+      gas: pick([21_000n, 300_000n, randomBig(64)]),
+      maxFeePerGas,
+      maxPriorityFeePerGas: randomBig(256) % (maxFeePerGas + 1n),
+      to: hex(20),
+      value: pick([0n, 1n, randomBig(256)]),
+      data: hex(pick([0, 1, 55, 56, 1000, randomInt(0, 600)])),
+    }
+    const fields: Eip1559Fields = { ...tx, nonce: BigInt(tx.nonce), to: Buffer.from(tx.to.slice(2), 'hex'), data: Buffer.from(tx.data.slice(2), 'hex') }
+    const unsigned = unsignedEip1559(fields)
+    const zero = { r: `0x${'00'.repeat(32)}` as Hex, s: `0x${'00'.repeat(32)}` as Hex, yParity: 0 as const }
+    const sig = { r: hex(32), s: hex(32), yParity: pick([0, 1] as const) }
+    const signedRaw = serializeEip1559(fields, { r: Buffer.from(sig.r.slice(2), 'hex'), s: Buffer.from(sig.s.slice(2), 'hex'), yParity: sig.yParity })
+    const back = parseEip1559(unsigned)
+    const backSigned = parseEip1559(signedRaw)
+    const norm = (f: Eip1559Fields): string =>
+      [f.chainId, f.nonce, f.maxPriorityFeePerGas, f.maxFeePerGas, f.gas, Buffer.from(f.to).toString('hex'), f.value, Buffer.from(f.data).toString('hex')].join(' ')
+    const ok = `0x${unsigned.toString('hex')}` === serializeTransaction(tx, zero) && !back.signed && backSigned.signed && norm(back.fields) === norm(fields) && norm(backSigned.fields) === norm(fields)
+    if (!ok && bad++ < 5) t.fail(`differs: ${JSON.stringify(tx, (_, v) => (typeof v === 'bigint' ? `${v}n` : v)).slice(0, 300)}`)
+  }
+  t.equal(bad, 0, '1,000 random transactions')
+  t.throws(() => parseEip1559(Buffer.from('02c0', 'hex')), RangeError, 'a list of the wrong length is refused')
+  t.throws(() => parseEip1559(Buffer.from('01c0', 'hex')), RangeError, 'another type is refused')
+})
+
+/** A chain taking unsigned ledger records, whose sends are recorded; `hashes` overrides what it answers. */
+function unsignedChain(pk: Hex, opts: { hashes?: (raws: Hex[]) => string[] } = {}) {
+  const sends: { kind: 'raw' | 'unsigned'; raws: Hex[] }[] = []
+  const answer = (raws: Hex[], own: (r: Hex) => string) => (opts.hashes?.(raws) ?? raws.map(own)).map((hash) => ({ hash }))
+  const address = privateKeyToAccount(pk).address
+  const chain = {
+    embedded: true,
+    unsignedLedger: true,
+    info: { chainId: 31337, ledger: privateKeyToAccount(generatePrivateKey()).address },
+    fastSigner: new FastSigner(pk),
+    sendRawTransactions: async (raws: Hex[]) => {
+      sends.push({ kind: 'raw', raws })
+      return answer(raws, (r) => keccak256(r))
+    },
+    sendUnsigned: async (raws: Hex[]) => {
+      sends.push({ kind: 'unsigned', raws })
+      return answer(raws, (r) => keccak256(concat([toRlp(r), address])))
+    },
+  } as unknown as Chain
+  return { chain, sends, address }
+}
+
+t.test('unsigned records: the hash anvil gives them (keccak of their RLP and the sender); sent by kind; a hash other than the stored one is refused', async (t) => {
+  const pk = generatePrivateKey()
+  const { chain, sends, address } = unsignedChain(pk)
+  const writer = new LedgerWriter(chain)
+  await writer.refreshFees()
+  const e = entry()
+  const made = writer.sign(e, 7n)
+  const viemUnsigned = serializeTransaction(
+    { type: 'eip1559', chainId: 31337, to: chain.info.ledger, data: viemCall(e), nonce: 7, gas: 300_000n, maxFeePerGas: 50_000_000_000n, maxPriorityFeePerGas: 1n },
+    { r: `0x${'00'.repeat(32)}`, s: `0x${'00'.repeat(32)}`, yParity: 0 },
+  )
+  t.equal(made.raw, viemUnsigned, 'the record with a zero signature')
+  t.equal(made.hash, keccak256(concat([toRlp(viemUnsigned), address])), 'its hash: keccak of its RLP, then the sender')
+  const group = await writer.signMany([
+    { entry: e, nonce: 8n },
+    { entry: entry(), nonce: 9n },
+  ])
+  t.ok(
+    group.every((g) => g.raw.endsWith('c0808080')),
+    'a group is made unsigned too',
+  )
+  t.not(writer.stamp(), new LedgerWriter({ ...chain, unsignedLedger: false } as unknown as Chain).stamp(), 'a record made under one kind is not taken as made under the other')
+
+  // Records signed before (an upgrade) and unsigned ones after: each run goes its own way, in order.
+  const signer = new LedgerWriter({ ...chain, unsignedLedger: false } as unknown as Chain)
+  await signer.refreshFees()
+  const old = [signer.sign(entry(), 5n), signer.sign(entry(), 6n)]
+  const r = await writer.broadcast([...old.map((o) => o.raw), made.raw, group[0]!.raw])
+  t.same(r, { sent: 4 })
+  t.same(
+    sends.map((s) => [s.kind, s.raws.length]),
+    [
+      ['raw', 2],
+      ['unsigned', 2],
+    ],
+  )
+
+  const other = unsignedChain(pk, { hashes: (raws) => raws.map(() => `0x${'ab'.repeat(32)}`) })
+  const w2 = new LedgerWriter(other.chain)
+  await w2.refreshFees()
+  const bad = await w2.broadcast([w2.sign(entry(), 0n).raw])
+  t.equal(bad.sent, 0, 'a record the chain hashes otherwise is not taken as sent')
+  t.match(bad.error?.message, /not accepted as made: the chain gave it the hash 0xabab/)
+})
+
+t.test('the embedded chain is asked how it hashes an unsigned record; one that hashes otherwise gets signed records', async (t) => {
+  const key = new FastSigner(generatePrivateKey())
+  const info = { chainId: 31337, ledger: privateKeyToAccount(generatePrivateKey()).address } as ChainInfo
+  const warned: unknown[] = []
+  const log = { warn: (o: unknown) => warned.push(o) } as unknown as Logger
+  const agreeing = { probeUnsigned: async (from: string, raw: Hex) => keccak256(concat([toRlp(raw), from as Hex])) } as unknown as Devnet
+  t.equal(await unsignedHashesAgree(agreeing, key, info, 0, log), true)
+  t.same(warned, [])
+  const other = { probeUnsigned: async () => `0x${'cd'.repeat(32)}` } as unknown as Devnet
+  t.equal(await unsignedHashesAgree(other, key, info, 0, log), false)
+  const refusing = { probeUnsigned: async () => Promise.reject(new Error('no such method')) } as unknown as Devnet
+  t.equal(await unsignedHashesAgree(refusing, key, info, 0, log), false)
+  t.equal(warned.length, 2, 'each said why')
+  t.match(JSON.stringify(warned[1]), /refused \(no such method\)/)
 })
 
 t.test('the signing thread: the same bytes as signing in place, in request order; a bad record fails alone; a stopped thread falls back to the main thread', async (t) => {

@@ -118,6 +118,8 @@ function handleOf(parts: Parts, front: RpcFront, rpcUrl: string, chainId: number
     childPid: parts.child.anvilPid,
     request: (a) => front.request(a),
     sendRawTransactions: (raws) => front.sendRawTransactions(raws),
+    sendUnsigned: (from, raws) => front.sendUnsigned(from, raws),
+    probeUnsigned: (from, raw) => front.probeUnsigned(from, raw),
     stats: () => ({
       blocks: node.blocks,
       generation: journal.gen,

@@ -4,10 +4,12 @@ import type { AnvilNode } from './node.js'
 import { type CutDump, HeaderCut, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
 import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
+/** `as`: the account Paygate impersonates to send it (see RpcFront.sendUnsigned), again before a replay sends it. */
+const asField = (as?: string): string => (as ? `,"as":${JSON.stringify(as)}` : '')
 /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
-export const journalLine = (method: string, paramsJson: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}}`
+export const journalLine = (method: string, paramsJson: string, as?: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}${asField(as)}}`
 /** One line for a run of calls of one method (see sendRawTransactions), replayed pipelined. */
-export const journalRun = (method: string, paramsJson: string[]): string => `{"m":${JSON.stringify(method)},"ps":[${paramsJson.join(',')}]}`
+export const journalRun = (method: string, paramsJson: string[], as?: string): string => `{"m":${JSON.stringify(method)},"ps":[${paramsJson.join(',')}]${asField(as)}}`
 export const journalCall = (method: string, params: unknown[]): string => journalLine(method, JSON.stringify(params))
 
 /** The current journal: what a restart would replay after the newest snapshot. */

@@ -7,10 +7,13 @@ const MIN_BLOCK_GAP_MS = 10
 /**
  * Waiting txs that make a block now, and the most a long send puts in anvil's pool before one is
  * mined (see mineIfFull). Every call waits while anvil mines a block and serves its receipts, and
- * the receipts cost grows faster than the block: measured standalone, 100 ledger txs took 8-13 ms
- * to serve, 250 took 35 ms, 1,000 took 370 ms (and the block itself 55 ms).
+ * the receipts cost grows with the square of the block: anvil hashes every tx of the block for
+ * each receipt it builds, and an unsigned tx (the ledger's, see RpcFront.sendUnsigned) has no
+ * hash kept, so it is hashed anew each time. Under load, blocks of 32 cost anvil about half
+ * what blocks of 128 did per ledger record (docs/benchmarks.md), with a mined block's own cost
+ * (about 1 ms) still spread over many.
  */
-export const FULL_BLOCK_TXS = 128
+export const FULL_BLOCK_TXS = 32
 
 export interface MinerOptions {
   blockTimeMs: number

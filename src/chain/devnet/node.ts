@@ -31,6 +31,11 @@ export class AnvilNode {
    * between the two anvil answers for an empty chain (no contracts, no balances).
    */
   reloading: Promise<void> | null = null
+  /** reads sent and not yet answered */
+  private readonly readsInFlight = new Set<Promise<RpcResponse>>()
+
+  /** accounts this process impersonated in anvil (to send as them: RpcFront.sendUnsigned) */
+  private readonly impersonated = new Set<string>()
 
   /** a connection of its own for state dumps: anvil answers one connection's calls in turn */
   private dumpIpc: Promise<IpcClient> | null = null
@@ -70,7 +75,18 @@ export class AnvilNode {
    */
   async read(method: string, paramsJson: string): Promise<RpcResponse> {
     while (this.reloading) await this.reloading
-    return this.ipc.call(method, paramsJson)
+    const p = this.ipc.call(method, paramsJson)
+    const done = (): void => {
+      this.readsInFlight.delete(p)
+    }
+    this.readsInFlight.add(p)
+    p.then(done, done)
+    return p
+  }
+
+  /** Once the reads already sent are answered: anvil runs a connection's calls concurrently, so one sent before a reset may run after it. */
+  async readsAnswered(): Promise<void> {
+    await Promise.allSettled([...this.readsInFlight])
   }
 
   /** A call whose error is thrown. */
@@ -78,6 +94,22 @@ export class AnvilNode {
     const r = await this.ipc.call(method, JSON.stringify(params), ms)
     if (r.error) throw Object.assign(new Error(`${method}: ${r.error.message}`), { code: r.error.code })
     return r.result
+  }
+
+  /**
+   * Lets `account` send without a signature (anvil_impersonateAccount, unjournalled: its sends
+   * are journalled with the account, and a replay impersonates it again).
+   */
+  async impersonate(account: string): Promise<void> {
+    const a = account.toLowerCase()
+    if (this.impersonated.has(a)) return
+    await this.raw('anvil_impersonateAccount', [account])
+    this.impersonated.add(a)
+  }
+
+  /** anvil may no longer impersonate what it did (a reset, a caller's impersonation call): asked again at the next send. */
+  forgetImpersonated(): void {
+    this.impersonated.clear()
   }
 
   /** Runs `fn` after everything queued before it: the one queue for what changes chain state. */

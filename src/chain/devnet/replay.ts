@@ -7,7 +7,7 @@ import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
 import type { DevnetLog } from './types.js'
 
-type Entry = { o?: number; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1 }
+type Entry = { o?: number; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1; as?: string }
 
 /** What a replay did, and where the journal it leaves stands. */
 export interface Restored {
@@ -80,6 +80,7 @@ class Replay {
     if (!trimSafe(m)) node.trimmable = false
     if (SET_NEXT_TIME.test(m)) node.nextBlockTimeSet = true
     else if (MINES.has(m)) node.nextBlockTimeSet = false
+    if (entry.as) await node.impersonate(entry.as)
     const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))
     // blocks a caller mined (anvil_mine: several) go into the receipt archive after
     const before = MINES.has(m) && m !== 'evm_mine' ? Number(await node.raw('eth_blockNumber')) : -1
@@ -93,7 +94,7 @@ class Replay {
       if (r.error) {
         // e.g. a carried-over pending tx that the previous journal already sent
         if (++this.failures <= 5) this.log('journal replay: call failed', { method: m, error: r.error.message }, 'warn')
-      } else if (SENDS.has(m) && typeof r.result === 'string') node.pending.set(r.result.toLowerCase(), entry.ps ? journalLine(m, calls[i]!) : line)
+      } else if (SENDS.has(m) && typeof r.result === 'string') node.pending.set(r.result.toLowerCase(), entry.ps ? journalLine(m, calls[i]!, entry.as) : line)
     })
     // What a block mined is no longer pending: one read per block here saves asking after
     // every replayed tx below (that took longer than the replay itself).

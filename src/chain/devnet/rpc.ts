@@ -2,6 +2,7 @@ import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Journal, journalCall, journalLine, journalRun } from './journal.js'
 import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
 import { FULL_BLOCK_TXS, type Miner } from './miner.js'
+import { parseEip1559 } from '../eip1559.js'
 import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
 import type { RpcRequest, RpcResponse, SendResult } from './types.js'
@@ -85,6 +86,8 @@ export class RpcFront {
     const t = performance.now()
     if (!trimSafe(method)) node.trimmable = false
     const r = await node.ipc.call(method, JSON.stringify(params))
+    // (a caller's impersonation calls may undo Paygate's: its sends impersonate again)
+    if (/impersonat/i.test(method)) node.forgetImpersonated()
     if (r.error) return reply(id, r)
     if (MINES.has(method)) await this.mined(method, params)
     else {
@@ -127,39 +130,70 @@ export class RpcFront {
    * whose receipts alone hold anvil for a third of a second.
    */
   async sendRawTransactions(raws: string[]): Promise<SendResult[]> {
+    return this.sendSliced(raws, { method: 'eth_sendRawTransaction', params: raws.map((r) => JSON.stringify([r])) })
+  }
+
+  /**
+   * Unsigned transactions (EIP-1559 bytes with a zero signature: LedgerSigner.unsigned) of ONE
+   * account, sent as that account impersonated (eth_sendTransaction): anvil takes them without
+   * recovering a sender from a signature, the dearest part of taking a signed one
+   * (docs/devnet.md). Journalled with the account, which a replay impersonates again. Otherwise
+   * as sendRawTransactions.
+   */
+  async sendUnsigned(from: string, raws: string[]): Promise<SendResult[]> {
+    return this.sendSliced(raws, { method: 'eth_sendTransaction', params: raws.map((r) => sendRequest(from, r)), as: from })
+  }
+
+  /**
+   * The hash anvil gives an unsigned transaction sent as `from`, with nothing kept: sent to the
+   * pool and dropped from it in one turn of the serial queue (no block between), neither
+   * journalled nor mined. It must be under the account's next nonce: anvil drops only a tx
+   * that could go in the next block.
+   */
+  probeUnsigned(from: string, raw: string): Promise<string> {
+    const node = this.node
+    return node.serial(async () => {
+      await node.impersonate(from)
+      const hash = (await node.raw('eth_sendTransaction', JSON.parse(sendRequest(from, raw)) as unknown[])) as string
+      if ((await node.raw('anvil_dropTransaction', [hash])) === null) throw new Error(`the probe ${hash} could not be dropped from the pool`)
+      return hash
+    })
+  }
+
+  private async sendSliced(raws: string[], kind: SendKind): Promise<SendResult[]> {
     const room = (): number => Math.max(1, FULL_BLOCK_TXS - this.node.pending.size)
-    if (raws.length <= room()) return this.sendRun(raws)
+    if (raws.length <= room()) return this.sendRun(kind)
     const out: SendResult[] = []
     for (let i = 0; i < raws.length; ) {
       if (i) await this.miner.mineIfFull()
-      const slice = raws.slice(i, i + room())
-      out.push(...(await this.sendRun(slice)))
+      const slice = kind.params.slice(i, i + room())
+      out.push(...(await this.sendRun({ ...kind, params: slice })))
       i += slice.length
     }
     return out
   }
 
-  private sendRun(raws: string[]): Promise<SendResult[]> {
-    if (!raws.length) return Promise.resolve([])
+  private sendRun({ method, params, as }: SendKind): Promise<SendResult[]> {
+    if (!params.length) return Promise.resolve([])
     this.miner.noteWrite()
     const { node, journal } = this
     return node.send(async (beside) => {
       if (node.closed) throw new Error('embedded chain is closed')
       if (node.dead) throw node.dead
       const t = performance.now()
-      const params = raws.map((r) => JSON.stringify([r]))
-      const rs = await node.ipc.callMany('eth_sendRawTransaction', params)
+      if (as) await node.impersonate(as)
+      const rs = await node.ipc.callMany(method, params)
       const sent: string[] = []
       const out = rs.map((r, i): SendResult => {
         if (r.error || typeof r.result !== 'string') return { error: r.error ?? { code: -32603, message: 'no transaction hash' } }
         sent.push(params[i]!)
         // a tx carried into the next journal at a snapshot goes there as a line of its own
-        node.pending.set(r.result.toLowerCase(), journalLine('eth_sendRawTransaction', params[i]!))
+        node.pending.set(r.result.toLowerCase(), journalLine(method, params[i]!, as))
         return { hash: r.result }
       })
       if (sent.length) {
         // one line for the run, so a replay can pipeline it too (the accepted ones, in order)
-        journal.append(journalRun('eth_sendRawTransaction', sent), sent.length)
+        journal.append(journalRun(method, sent, as), sent.length)
         this.miner.schedule()
       }
       journal.tail.costMs += performance.now() - t
@@ -174,4 +208,34 @@ export class RpcFront {
     if (r.error) throw Object.assign(new Error(r.error.message), { code: r.error.code, data: r.error.data })
     return r.result
   }
+}
+
+/** A run of sends: the method, each call's params as JSON, and the account impersonated to send them (if any). */
+interface SendKind {
+  method: string
+  params: string[]
+  as?: string
+}
+
+/** eth_sendTransaction's params for an unsigned transaction (LedgerSigner.unsigned) from `from`. */
+function sendRequest(from: string, raw: string): string {
+  const { fields: f, signed } = parseEip1559(Buffer.from(raw.replace(/^0x/, ''), 'hex'))
+  if (signed) throw new TypeError('a signed transaction goes through sendRawTransactions')
+  const q = (v: bigint | number): string => `0x${v.toString(16)}`
+  const hex = (b: Uint8Array): string => `0x${Buffer.from(b).toString('hex')}`
+  return JSON.stringify([
+    {
+      type: '0x2',
+      chainId: q(f.chainId),
+      from,
+      to: hex(f.to),
+      nonce: q(f.nonce),
+      gas: q(f.gas),
+      maxFeePerGas: q(f.maxFeePerGas),
+      maxPriorityFeePerGas: q(f.maxPriorityFeePerGas),
+      value: q(f.value),
+      data: hex(f.data),
+      accessList: [],
+    },
+  ])
 }

@@ -92,21 +92,21 @@ export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): 
   const t1 = performance.now()
   const latest = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   const { environment } = (await node.raw('anvil_nodeInfo')) as { environment: { baseFee: string | number } }
-  const reload = (async () => {
+  // Reads wait until the state is back (a read between the reset and the load would see an
+  // empty chain), and the reset waits for the reads already sent (anvil may run one after it).
+  let reloaded!: () => void
+  node.reloading = new Promise<void>((r) => {
+    reloaded = r
+  })
+  try {
+    await node.readsAnswered()
     await node.raw('anvil_reset', [])
     await node.raw('anvil_loadState', [`0x${cut.gz.toString('hex')}`])
     await node.raw('anvil_setNextBlockBaseFeePerGas', [`0x${BigInt(environment.baseFee).toString(16)}`])
     await node.setTimeOffset(offset)
-  })()
-  // reads wait until the state is back (a read between the reset and the load would see an empty chain)
-  node.reloading = reload.then(
-    () => {},
-    () => {},
-  )
-  try {
-    await reload
   } finally {
     node.reloading = null
+    reloaded()
   }
   const now = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   if (now.hash !== latest.hash) throw new Error(`embedded chain: after trimming old headers the newest block is ${now.hash}, not ${latest.hash}`)
@@ -114,8 +114,10 @@ export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): 
   // the reset emptied the pool: the txs acknowledged and not yet mined go back, one at a time in
   // the order they were sent (anvil may take a pipelined run in any order, and senders differ)
   let resent = 0
+  node.forgetImpersonated()
   for (const line of node.pending.values()) {
-    const { m, p } = JSON.parse(line) as { m: string; p: unknown[] }
+    const { m, p, as } = JSON.parse(line) as { m: string; p: unknown[]; as?: string }
+    if (as) await node.impersonate(as)
     const r = await node.ipc.call(m, JSON.stringify(p))
     if (r.error) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${r.error.message}`)
     resent++

@@ -98,6 +98,10 @@ export interface Devnet {
    * the error.
    */
   sendRawTransactions(raws: string[]): Promise<SendResult[]>
+  /** Unsigned transactions of `from`, sent as that account impersonated (RpcFront.sendUnsigned); as sendRawTransactions otherwise. */
+  sendUnsigned(from: string, raws: string[]): Promise<SendResult[]>
+  /** The hash anvil gives an unsigned transaction of `from`, nothing kept (RpcFront.probeUnsigned). */
+  probeUnsigned(from: string, raw: string): Promise<string>
   stats(): DevnetStats
   /** Takes a snapshot now (after what is queued); resolves once its files are written. */
   snapshot(): Promise<void>
