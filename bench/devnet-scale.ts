@@ -1,10 +1,10 @@
 /**
  * The embedded chain at scale (`npm run bench devnet-scale`; BENCH_DEVNET_RECORDS, default
  * 1,000,000; BENCH_DEVNET_MAX_S, default 1500): a worker process starts the chain in a temp dir,
- * deploys the PaymentLedger and fills it with ledger records (signed natively, sent 250 to a
- * call the way the outbox sends them, at most 1,000 unmined), printing per 10,000 records the
- * CPU of anvil (/proc/<pid>/stat) and of the worker, the longest send and snapshot hold, and
- * RSS. Beside the fill a probe sends one plain transfer at a time, every 50 ms, from an account
+ * deploys the PaymentLedger and fills it with ledger records (unsigned, sent 250 to a call the
+ * way the outbox sends them to the embedded chain, at most 1,000 unmined; BENCH_DEVNET_SIGNED=1:
+ * signed natively, as for an external chain), printing per 10,000 records the CPU of anvil
+ * (/proc/<pid>/stat) and of the worker, the longest send and snapshot hold, and RSS. Beside the fill a probe sends one plain transfer at a time, every 50 ms, from an account
  * of its own: its latencies (p50, p99, max per 10,000 records) are how long the chain kept a
  * single send waiting, its stalls. At the target (or the time limit) this process SIGKILLs the
  * worker mid-traffic, starts the chain again on its data dir (the restart a crash costs), checks
@@ -27,6 +27,7 @@ import type { DevnetLog } from '../src/chain/devnet/types.js'
 import { signEip1559 } from '../src/chain/eip1559.js'
 import { encodeRecordCall } from '../src/chain/ledger-call.js'
 import { keccak256Bytes } from '../src/crypto/keccak.js'
+import { LedgerSigner } from '../src/chain/ledger-signer.js'
 import { entryOf } from './ledger-entries.js'
 import { FastSigner } from '../src/crypto/secp256k1.js'
 
@@ -47,6 +48,10 @@ const arg = (name: string, dflt: number): number => {
 const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 1 })
 const hd = account.getHdKey()
 const signer = new FastSigner(`0x${Buffer.from(hd.privateKey!).toString('hex')}`)
+
+/** Records as the outbox makes them for the embedded chain: unsigned, from the account impersonated (BENCH_DEVNET_SIGNED=1: signed). */
+const SIGNED = process.env.BENCH_DEVNET_SIGNED === '1'
+const recordTx = new LedgerSigner(signer)
 
 const sign = (data: Uint8Array, to: Uint8Array, nonce: number, gas: bigint, by = signer): Hex => {
   const raw = signEip1559({ chainId: CHAIN_ID, nonce: BigInt(nonce), gas, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n, to, value: 0n, data }, (p) => by.signDigestBytes(keccak256Bytes(p)))
@@ -128,14 +133,15 @@ async function worker(dir: string, records: number, maxS: number): Promise<void>
   if (!r.contractAddress) throw new Error('no ledger address')
   out({ t: 'ledger', address: r.contractAddress, anvilPid: d.childPid })
   const to = Buffer.from(r.contractAddress.slice(2), 'hex')
+  const ctx = { chainId: CHAIN_ID, ledger: r.contractAddress, maxFeePerGas: 100_000_000_000n, maxPriorityFeePerGas: 1n }
   let acked = 0
   const probe = startProbe(d)
   let win = { anvil: procCpuMs(d.childPid), self: selfCpuMs(), maxSendMs: 0, snaps: d.stats().snapshots ?? 0, t: performance.now() }
   while (Date.now() < deadline) {
     const raws: Hex[] = []
-    for (let k = 0; k < BATCH; k++) raws.push(sign(encodeRecordCall(entryOf(acked + k)), to, nonce++, 200_000n))
+    for (let k = 0; k < BATCH; k++) raws.push(SIGNED ? sign(encodeRecordCall(entryOf(acked + k)), to, nonce++, 200_000n) : recordTx.unsigned(ctx, entryOf(acked + k), BigInt(nonce++)).raw)
     const t = performance.now()
-    const rs = await d.sendRawTransactions(raws)
+    const rs = await d.sendLedger(signer.address, raws)
     const sendMs = performance.now() - t
     if (rs.some((x) => !('hash' in x))) throw new Error(`send refused: ${JSON.stringify(rs.find((x) => !('hash' in x)))}`)
     const first = (rs[0] as { hash: Hex }).hash

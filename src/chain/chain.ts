@@ -263,12 +263,11 @@ export class Chain {
   }
 
   /**
-   * Unsigned ledger transactions (LedgerSigner.unsigned) of the signer, in nonce order, sent as
-   * its account impersonated: the embedded chain only (`unsignedLedger`), as sendRawTransactions otherwise.
+   * The signer's ledger transactions, in nonce order: on the embedded chain signed and unsigned
+   * ones (`unsignedLedger`; Devnet.sendLedger), elsewhere signed ones (sendRawTransactions).
    */
-  async sendUnsigned(raws: Hex[]): Promise<SendResult[]> {
-    if (!this.devnet) throw new Error('unsigned transactions go to the embedded chain only')
-    return this.devnet.sendUnsigned(this.signer.address, raws)
+  async sendLedger(raws: Hex[]): Promise<SendResult[]> {
+    return this.devnet ? this.devnet.sendLedger(this.signer.address, raws) : this.sendRawTransactions(raws)
   }
 
   async close(): Promise<void> {

@@ -13,6 +13,8 @@ export interface LedgerSignContext {
   ledger: string
   maxFeePerGas: bigint
   maxPriorityFeePerGas: bigint
+  /** Made unsigned, for a node that takes them from the account impersonated (see `unsigned`). */
+  unsigned?: boolean
 }
 
 /** A ledger record's transaction (signed, or unsigned for the embedded chain) and its hash. */
@@ -32,7 +34,9 @@ export class LedgerSigner {
     this.from = addressBytes(key.address)
   }
 
+  /** Signed, or unsigned when the context says so. */
   sign(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): LedgerTx {
+    if (ctx.unsigned) return this.unsigned(ctx, e, nonce)
     const raw = signEip1559(this.fields(ctx, e, nonce), (payload) => this.key.signDigestBytes(keccak256Bytes(payload)))
     return { raw: `0x${raw.toString('hex')}`, hash: `0x${keccak256Bytes(raw).toString('hex')}` }
   }
@@ -44,16 +48,7 @@ export class LedgerSigner {
    */
   unsigned(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): LedgerTx {
     const raw = unsignedEip1559(this.fields(ctx, e, nonce))
-    return { raw: `0x${raw.toString('hex')}`, hash: this.hashUnsigned(raw) }
-  }
-
-  /** The hash of an unsigned transaction from this account (as `unsigned` gives it). */
-  unsignedHash(raw: Hex): Hex {
-    return this.hashUnsigned(Buffer.from(raw.slice(2), 'hex'))
-  }
-
-  private hashUnsigned(raw: Buffer): Hex {
-    return `0x${keccak256Bytes(Buffer.concat([rlpString(raw), this.from])).toString('hex')}`
+    return { raw: `0x${raw.toString('hex')}`, hash: unsignedHash(raw, this.from) }
   }
 
   private fields(ctx: LedgerSignContext, e: LedgerEntry, nonce: bigint): Eip1559Fields {
@@ -63,7 +58,12 @@ export class LedgerSigner {
   }
 }
 
-function addressBytes(a: string): Buffer {
+/** The hash anvil gives an unsigned transaction (`raw`) it takes from `from` impersonated: keccak of its RLP, then the address. */
+export function unsignedHash(raw: Uint8Array, from: Uint8Array): Hex {
+  return `0x${keccak256Bytes(Buffer.concat([rlpString(raw), from])).toString('hex')}`
+}
+
+export function addressBytes(a: string): Buffer {
   if (!/^0x[0-9a-fA-F]{40}$/.test(a)) throw new RangeError(`not an address: ${a}`)
   return Buffer.from(a.slice(2), 'hex')
 }

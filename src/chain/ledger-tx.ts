@@ -2,8 +2,6 @@ import type { Hex } from 'viem'
 import { keccak256 } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
 import { Lru } from '../util/lru.js'
-import { parseEip1559 } from './eip1559.js'
-import type { SendResult } from './devnet/index.js'
 import type { Logger } from '../log/index.js'
 import { LedgerSignThread } from './ledger-sign-thread.js'
 import { LedgerSigner, type LedgerSignContext, type LedgerTx } from './ledger-signer.js'
@@ -47,11 +45,6 @@ export function ledgerLocation(url: string): Readonly<{ origin: string; pathHash
 /** How often an external chain's fees are asked again for records signed from then on. */
 const FEE_REFRESH_MS = 60_000
 
-/** An unsigned record (see LedgerSigner.unsigned): its RLP ends with an empty access list and a zero signature. */
-function isUnsigned(raw: Hex): boolean {
-  return raw.endsWith('c0808080') && !parseEip1559(Buffer.from(raw.slice(2), 'hex')).signed
-}
-
 export const recordIdOf = (txId: string): Hex => keccak256(txId, 'utf8')
 
 /**
@@ -67,7 +60,7 @@ export class LedgerWriter {
   private readonly signer: LedgerSigner
   private thread: LedgerSignThread | undefined
   private readonly log: Logger | undefined
-  /** Records go unsigned (the embedded chain): nothing to sign, so no signing thread either. */
+  /** Records go unsigned (the embedded chain: `Chain.unsignedLedger`). */
   private readonly unsigned: boolean
 
   /** `thread`: sign on a thread of its own (off by default: tests and tools sign in place). */
@@ -78,7 +71,7 @@ export class LedgerWriter {
     this.signer = new LedgerSigner(chain.fastSigner)
     this.log = opts.log
     this.unsigned = chain.unsignedLedger
-    if (opts.thread && !this.unsigned) this.thread = new LedgerSignThread(chain.fastSigner)
+    if (opts.thread) this.thread = new LedgerSignThread(chain.fastSigner)
   }
 
   /** The signer's next nonce by the chain's count (pending included), and a fee estimate. */
@@ -119,12 +112,12 @@ export class LedgerWriter {
 
   /** What a record is signed under now: the chain, the ledger and the fees. */
   context(): LedgerSignContext {
-    return { chainId: this.chain.info.chainId, ledger: this.chain.info.ledger, ...this.fees }
+    return { chainId: this.chain.info.chainId, ledger: this.chain.info.ledger, ...this.fees, ...(this.unsigned ? { unsigned: true } : {}) }
   }
 
-  /** Sign (or make unsigned) on this thread. */
+  /** Sign (or make unsigned: `context()`) on this thread. */
   sign(e: LedgerEntry, nonce: bigint): LedgerTx {
-    return this.unsigned ? this.signer.unsigned(this.context(), e, nonce) : this.signer.sign(this.context(), e, nonce)
+    return this.signer.sign(this.context(), e, nonce)
   }
 
   /**
@@ -133,13 +126,6 @@ export class LedgerWriter {
    */
   signMany(items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<LedgerTx[]> {
     const ctx = this.context()
-    if (this.unsigned) {
-      try {
-        return Promise.resolve(items.map((i) => this.signer.unsigned(ctx, i.entry, i.nonce)))
-      } catch (e) {
-        return Promise.reject(e)
-      }
-    }
     const thread = this.thread
     if (thread?.alive) {
       return thread.sign(ctx, items).catch((e: unknown) => {
@@ -169,24 +155,10 @@ export class LedgerWriter {
    * error of the first one it refused, if any, comes with it.
    */
   async broadcast(raws: Hex[]): Promise<{ sent: number; error?: Error }> {
-    const rs: SendResult[] = []
-    // Runs of one kind: records made before a change of kind (an upgrade) may still wait.
-    for (let i = 0; i < raws.length; ) {
-      const unsigned = isUnsigned(raws[i]!)
-      let j = i + 1
-      while (j < raws.length && isUnsigned(raws[j]!) === unsigned) j++
-      const run = raws.slice(i, j)
-      rs.push(...(await (unsigned ? this.chain.sendUnsigned(run) : this.chain.sendRawTransactions(run))))
-      i = j
-    }
+    const rs = await this.chain.sendLedger(raws)
     for (let i = 0; i < rs.length; i++) {
       const r = rs[i]!
-      if ('hash' in r) {
-        // The hash stored with the payment is the one its receipt is looked up by.
-        const want = isUnsigned(raws[i]!) ? this.signer.unsignedHash(raws[i]!) : null
-        if (want === null || r.hash.toLowerCase() === want) continue
-        return { sent: i, error: new Error(`ledger record not accepted as made: the chain gave it the hash ${r.hash}, not ${want}`) }
-      }
+      if ('hash' in r) continue
       const msg = r.error.message.toLowerCase()
       if (msg.includes('already known') || msg.includes('nonce too low') || msg.includes('already imported')) continue
       return { sent: i, error: Object.assign(new Error(`ledger record not accepted: ${r.error.message}`), { code: r.error.code }) }

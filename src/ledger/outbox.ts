@@ -269,6 +269,37 @@ export class Outbox {
     this.timer.unref()
   }
 
+  /**
+   * The unconfirmed records that have receipts, from the first on. Confirming stops at the first
+   * record without a receipt (`left`): a pass costs what changed, not the whole backlog. Records
+   * are mined in nonce order, so once one block's receipts are read the next records are looked
+   * for in the next block's: one call a block, not one a record.
+   */
+  private async mined(): Promise<{ confirmed: { e: OutboxEntry; r: LedgerReceipt }[]; left: boolean }> {
+    const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
+    let fromBlock = new Map<string, LedgerReceipt>()
+    let lastBlock = -1
+    for (const e of this.unconfirmed) {
+      const h = e.hash.toLowerCase()
+      let r = fromBlock.get(h)
+      if (!r && lastBlock >= 0) {
+        fromBlock = (await this.writer.blockReceipts(lastBlock + 1)) ?? fromBlock
+        r = fromBlock.get(h)
+        if (r) lastBlock = r.blockNumber
+      }
+      if (!r) {
+        const one = await this.writer.receipt(e.hash)
+        if (!one) return { confirmed, left: true }
+        // the rest of its block in one call, if more records wait
+        if (one.blockNumber !== lastBlock && confirmed.length + 1 < this.unconfirmed.length) fromBlock = (await this.writer.blockReceipts(one.blockNumber)) ?? fromBlock
+        lastBlock = one.blockNumber
+        r = one
+      }
+      confirmed.push({ e, r })
+    }
+    return { confirmed, left: false }
+  }
+
   /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
     if (this.spilledUpTo !== null) await this.readBack()
@@ -283,25 +314,7 @@ export class Outbox {
       this.unconfirmed.push(...sent)
       if (r.error) throw r.error
     }
-    // Confirming stops at the first record without a receipt: a pass costs what changed, not the whole backlog.
-    let left = false
-    const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
-    // Once two records in a row share a block, the rest of that block's receipts come in one call.
-    let fromBlock = new Map<string, LedgerReceipt>()
-    let lastBlock = -1
-    for (const e of this.unconfirmed) {
-      let r = fromBlock.get(e.hash.toLowerCase()) ?? null
-      if (!r) {
-        r = await this.writer.receipt(e.hash)
-        if (!r) {
-          left = true
-          break
-        }
-        if (r.blockNumber === lastBlock) fromBlock = (await this.writer.blockReceipts(r.blockNumber)) ?? fromBlock
-        lastBlock = r.blockNumber
-      }
-      confirmed.push({ e, r })
-    }
+    const { confirmed, left } = await this.mined()
     // The pass's records in one read and every confirmation in one write (they are
     // idempotent: a crash only means the next pass redoes them).
     const prevs = await this.transactions.getMany(confirmed.map((c) => c.e.txId))

@@ -1,5 +1,5 @@
 /**
- * The embedded chain takes ledger records unsigned (RpcFront.sendUnsigned): from the account
+ * The embedded chain takes ledger records unsigned (RpcFront.sendLedger): from the account
  * impersonated, with the hash Paygate computes for them; journalled so that a chain rebuilt
  * from the journal alone (as after a SIGKILL) and a trim's reload keep them; a probe that keeps
  * nothing; a caller's impersonation calls do not stop them.
@@ -18,7 +18,7 @@ import { testDir } from '../helpers/gateway.js'
 const CHAIN_ID = 31337
 const open = (dataDir: string, trimEveryBlocks?: number): Promise<Devnet> =>
   startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000, ...(trimEveryBlocks ? { trimEveryBlocks } : {}) })
-const hashesOf = (rs: Awaited<ReturnType<Devnet['sendUnsigned']>>): string[] => rs.map((r) => ('hash' in r ? r.hash : `refused: ${r.error.message}`))
+const hashesOf = (rs: Awaited<ReturnType<Devnet['sendLedger']>>): string[] => rs.map((r) => ('hash' in r ? r.hash : `refused: ${r.error.message}`))
 const receipt = (c: Devnet, h: string) => c.request({ method: 'eth_getTransactionReceipt', params: [h] }) as Promise<{ status: Hex; from: Hex; blockHash: Hex } | null>
 const count = async (c: Devnet, a: string, tag: string): Promise<number> => Number((await c.request({ method: 'eth_getTransactionCount', params: [a, tag] })) as Hex)
 
@@ -28,7 +28,8 @@ const bank = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 6 })
  * such as anvil_setBalance would turn trimming off), and its records as unsigned transactions.
  */
 async function account(chain: Devnet) {
-  const key = new FastSigner(generatePrivateKey())
+  const pk = generatePrivateKey()
+  const key = new FastSigner(pk)
   const nonce = await count(chain, bank.address, 'pending')
   const fund = await bank.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: key.address, value: 10n ** 20n, gas: 21_000n, maxFeePerGas: 10n ** 11n, maxPriorityFeePerGas: 1n })
   const [sent] = await chain.sendRawTransactions([fund])
@@ -41,7 +42,9 @@ async function account(chain: Devnet) {
       { id: ZERO32, parentTxHash: ZERO32, agentId: `agent-${nonce}`, amount: BigInt(nonce) + 1n, protocol: 'x402', origin: 'http://merchant.test', pathHash: ZERO32, depth: 0 },
       BigInt(nonce),
     )
-  return { address: key.address, record }
+  const signed = (nonce: number) =>
+    signer.sign(ctx, { id: ZERO32, parentTxHash: ZERO32, agentId: `signed-${nonce}`, amount: 1n, protocol: 'x402', origin: 'http://merchant.test', pathHash: ZERO32, depth: 0 }, BigInt(nonce))
+  return { address: key.address, record, signed }
 }
 t.test('unsigned sends: the hashes computed, mined from the account, and the same chain again from the journal alone', async (t: Test) => {
   const dir = testDir(t, 'paygate-devnet-')
@@ -57,7 +60,7 @@ t.test('unsigned sends: the hashes computed, mined from the account, and the sam
 
   const made = Array.from({ length: 40 }, (_, i) => record(i))
   const hashes = hashesOf(
-    await chain.sendUnsigned(
+    await chain.sendLedger(
       address,
       made.map((m) => m.raw),
     ),
@@ -88,7 +91,7 @@ t.test('unsigned sends: the hashes computed, mined from the account, and the sam
   t.equal((await receipt(again, hashes[39]!))?.status, '0x1')
   // the replay impersonated the account again: it sends on
   const next = record(40)
-  t.same(hashesOf(await again.sendUnsigned(address, [next.raw])), [next.hash], 'sends go on after the restart')
+  t.same(hashesOf(await again.sendLedger(address, [next.raw])), [next.hash], 'sends go on after the restart')
   t.equal((await receipt(again, next.hash))?.status, '0x1')
 })
 
@@ -97,10 +100,10 @@ t.test("a caller's impersonation calls do not stop unsigned sends", async (t: Te
   t.teardown(() => chain.close())
   const { address, record } = await account(chain)
   const first = record(0)
-  t.same(hashesOf(await chain.sendUnsigned(address, [first.raw])), [first.hash])
+  t.same(hashesOf(await chain.sendLedger(address, [first.raw])), [first.hash])
   await chain.request({ method: 'anvil_stopImpersonatingAccount', params: [address] })
   const second = record(1)
-  t.same(hashesOf(await chain.sendUnsigned(address, [second.raw])), [second.hash], 'impersonated again for the next send')
+  t.same(hashesOf(await chain.sendLedger(address, [second.raw])), [second.hash], 'impersonated again for the next send')
   t.equal((await receipt(chain, second.hash))?.status, '0x1')
 })
 
@@ -111,11 +114,35 @@ t.test('an unsigned tx waiting in the pool across a trim is mined after it', asy
   await chain.request({ method: 'anvil_mine', params: ['0x12c'] }) // 300 blocks
   await chain.request({ method: 'evm_setAutomine', params: [false] })
   const waiting = record(1) // behind a nonce gap
-  t.same(hashesOf(await chain.sendUnsigned(address, [waiting.raw])), [waiting.hash])
+  t.same(hashesOf(await chain.sendLedger(address, [waiting.raw])), [waiting.hash])
   await chain.snapshot()
   t.equal(chain.stats().trims, 1, 'the snapshot trimmed')
   await chain.request({ method: 'evm_setAutomine', params: [true] })
   const gap = record(0)
-  t.same(hashesOf(await chain.sendUnsigned(address, [gap.raw])), [gap.hash])
+  t.same(hashesOf(await chain.sendLedger(address, [gap.raw])), [gap.hash])
   t.equal((await receipt(chain, waiting.hash))?.status, '0x1', 'the waiting one mined once the gap is filled')
+})
+
+t.test('signed and unsigned records of one account in one call: each run of one kind in turn, in nonce order', async (t: Test) => {
+  const chain = await open(testDir(t, 'paygate-devnet-'))
+  t.teardown(() => chain.close())
+  const { address, record, signed } = await account(chain)
+  // records signed before an upgrade still waiting, then unsigned ones, then a signed one again
+  const made = [signed(0), signed(1), record(2), record(3), signed(4)]
+  t.same(
+    hashesOf(
+      await chain.sendLedger(
+        address,
+        made.map((m) => m.raw),
+      ),
+    ),
+    made.map((m) => m.hash),
+    'each with its own hash',
+  )
+  const receipts = await Promise.all(made.map((m) => receipt(chain, m.hash)))
+  t.ok(
+    receipts.every((r) => r?.status === '0x1' && r.from.toLowerCase() === address.toLowerCase()),
+    'each mined, from the account',
+  )
+  t.equal(await count(chain, address, 'latest'), 5)
 })

@@ -192,31 +192,10 @@ t.test("unsigned transactions: viem's bytes with a zero signature; parseEip1559 
   t.throws(() => parseEip1559(Buffer.from('01c0', 'hex')), RangeError, 'another type is refused')
 })
 
-/** A chain taking unsigned ledger records, whose sends are recorded; `hashes` overrides what it answers. */
-function unsignedChain(pk: Hex, opts: { hashes?: (raws: Hex[]) => string[] } = {}) {
-  const sends: { kind: 'raw' | 'unsigned'; raws: Hex[] }[] = []
-  const answer = (raws: Hex[], own: (r: Hex) => string) => (opts.hashes?.(raws) ?? raws.map(own)).map((hash) => ({ hash }))
-  const address = privateKeyToAccount(pk).address
-  const chain = {
-    embedded: true,
-    unsignedLedger: true,
-    info: { chainId: 31337, ledger: privateKeyToAccount(generatePrivateKey()).address },
-    fastSigner: new FastSigner(pk),
-    sendRawTransactions: async (raws: Hex[]) => {
-      sends.push({ kind: 'raw', raws })
-      return answer(raws, (r) => keccak256(r))
-    },
-    sendUnsigned: async (raws: Hex[]) => {
-      sends.push({ kind: 'unsigned', raws })
-      return answer(raws, (r) => keccak256(concat([toRlp(r), address])))
-    },
-  } as unknown as Chain
-  return { chain, sends, address }
-}
-
-t.test('unsigned records: the hash anvil gives them (keccak of their RLP and the sender); sent by kind; a hash other than the stored one is refused', async (t) => {
+t.test("unsigned records: viem's bytes with a zero signature, and the hash anvil gives them (keccak of their RLP, then the sender)", async (t) => {
   const pk = generatePrivateKey()
-  const { chain, sends, address } = unsignedChain(pk)
+  const address = privateKeyToAccount(pk).address
+  const chain = { embedded: true, unsignedLedger: true, info: { chainId: 31337, ledger: privateKeyToAccount(generatePrivateKey()).address }, fastSigner: new FastSigner(pk) } as unknown as Chain
   const writer = new LedgerWriter(chain)
   await writer.refreshFees()
   const e = entry()
@@ -232,31 +211,10 @@ t.test('unsigned records: the hash anvil gives them (keccak of their RLP and the
     { entry: entry(), nonce: 9n },
   ])
   t.ok(
-    group.every((g) => g.raw.endsWith('c0808080')),
+    group.every((g) => !parseEip1559(Buffer.from(g.raw.slice(2), 'hex')).signed),
     'a group is made unsigned too',
   )
   t.not(writer.stamp(), new LedgerWriter({ ...chain, unsignedLedger: false } as unknown as Chain).stamp(), 'a record made under one kind is not taken as made under the other')
-
-  // Records signed before (an upgrade) and unsigned ones after: each run goes its own way, in order.
-  const signer = new LedgerWriter({ ...chain, unsignedLedger: false } as unknown as Chain)
-  await signer.refreshFees()
-  const old = [signer.sign(entry(), 5n), signer.sign(entry(), 6n)]
-  const r = await writer.broadcast([...old.map((o) => o.raw), made.raw, group[0]!.raw])
-  t.same(r, { sent: 4 })
-  t.same(
-    sends.map((s) => [s.kind, s.raws.length]),
-    [
-      ['raw', 2],
-      ['unsigned', 2],
-    ],
-  )
-
-  const other = unsignedChain(pk, { hashes: (raws) => raws.map(() => `0x${'ab'.repeat(32)}`) })
-  const w2 = new LedgerWriter(other.chain)
-  await w2.refreshFees()
-  const bad = await w2.broadcast([w2.sign(entry(), 0n).raw])
-  t.equal(bad.sent, 0, 'a record the chain hashes otherwise is not taken as sent')
-  t.match(bad.error?.message, /not accepted as made: the chain gave it the hash 0xabab/)
 })
 
 t.test('the embedded chain is asked how it hashes an unsigned record; one that hashes otherwise gets signed records', async (t) => {
@@ -300,6 +258,16 @@ t.test('the signing thread: the same bytes as signing in place, in request order
       `group ${g}: ${items.length} records, the bytes and hashes of signing in place`,
     )
   })
+  // unsigned records (the embedded chain) are made on the thread alike
+  const unsignedChain = { ...chain, unsignedLedger: true } as unknown as Chain
+  const threadedUnsigned = new LedgerWriter(unsignedChain, { thread: true })
+  t.teardown(() => threadedUnsigned.close())
+  const items = groups[4]!
+  t.same(
+    await threadedUnsigned.signMany(items),
+    items.map((i) => new LedgerWriter(unsignedChain).sign(i.entry, i.nonce)),
+    'unsigned on the thread: the bytes and hashes made in place',
+  )
   const bad = { ...entry(), id: '0x12' as Hex }
   await t.rejects(
     threaded.signMany([

@@ -118,7 +118,7 @@ function handleOf(parts: Parts, front: RpcFront, rpcUrl: string, chainId: number
     childPid: parts.child.anvilPid,
     request: (a) => front.request(a),
     sendRawTransactions: (raws) => front.sendRawTransactions(raws),
-    sendUnsigned: (from, raws) => front.sendUnsigned(from, raws),
+    sendLedger: (from, raws) => front.sendLedger(from, raws),
     probeUnsigned: (from, raw) => front.probeUnsigned(from, raw),
     stats: () => ({
       blocks: node.blocks,

@@ -2,7 +2,8 @@ import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Journal, journalCall, journalLine, journalRun } from './journal.js'
 import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
 import { FULL_BLOCK_TXS, type Miner } from './miner.js'
-import { parseEip1559 } from '../eip1559.js'
+import { type Eip1559Fields, parseEip1559 } from '../eip1559.js'
+import { addressBytes, unsignedHash } from '../ledger-signer.js'
 import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
 import type { RpcRequest, RpcResponse, SendResult } from './types.js'
@@ -130,18 +131,41 @@ export class RpcFront {
    * whose receipts alone hold anvil for a third of a second.
    */
   async sendRawTransactions(raws: string[]): Promise<SendResult[]> {
-    return this.sendSliced(raws, { method: 'eth_sendRawTransaction', params: raws.map((r) => JSON.stringify([r])) })
+    return this.sendSliced({ method: 'eth_sendRawTransaction', params: raws.map((r) => JSON.stringify([r])) })
   }
 
   /**
-   * Unsigned transactions (EIP-1559 bytes with a zero signature: LedgerSigner.unsigned) of ONE
-   * account, sent as that account impersonated (eth_sendTransaction): anvil takes them without
-   * recovering a sender from a signature, the dearest part of taking a signed one
-   * (docs/devnet.md). Journalled with the account, which a replay impersonates again. Otherwise
-   * as sendRawTransactions.
+   * Ledger transactions of ONE account (consecutive nonces), each run of one kind in turn: signed
+   * ones as sendRawTransactions; unsigned ones (EIP-1559 bytes with a zero signature:
+   * LedgerSigner.unsigned) sent as that account impersonated (eth_sendTransaction), which anvil
+   * takes without recovering a sender from a signature, the dearest part of taking a signed one
+   * (docs/devnet.md). Journalled with the account, which a replay impersonates again. An
+   * unsigned one that anvil hashes otherwise than Paygate did is answered as an error: the
+   * hash stored with its payment would never find its receipt.
    */
-  async sendUnsigned(from: string, raws: string[]): Promise<SendResult[]> {
-    return this.sendSliced(raws, { method: 'eth_sendTransaction', params: raws.map((r) => sendRequest(from, r)), as: from })
+  async sendLedger(from: string, raws: string[]): Promise<SendResult[]> {
+    const sender = addressBytes(from)
+    const txs = raws.map((raw) => {
+      const bytes = Buffer.from(raw.replace(/^0x/, ''), 'hex')
+      const { fields, signed } = parseEip1559(bytes)
+      return signed ? { raw } : { raw, request: sendRequest(from, fields), hash: unsignedHash(bytes, sender) }
+    })
+    const out: SendResult[] = []
+    for (let i = 0; i < txs.length; ) {
+      const unsigned = txs[i]!.request !== undefined
+      let j = i + 1
+      while (j < txs.length && (txs[j]!.request !== undefined) === unsigned) j++
+      const run = txs.slice(i, j)
+      if (!unsigned) out.push(...(await this.sendRawTransactions(run.map((t) => t.raw))))
+      else {
+        const rs = await this.sendSliced({ method: 'eth_sendTransaction', params: run.map((t) => t.request!), as: from })
+        out.push(
+          ...rs.map((r, k): SendResult => ('hash' in r && r.hash.toLowerCase() !== run[k]!.hash ? { error: { code: -32603, message: `the chain gave the hash ${r.hash}, not ${run[k]!.hash}` } } : r)),
+        )
+      }
+      i = j
+    }
+    return out
   }
 
   /**
@@ -154,17 +178,18 @@ export class RpcFront {
     const node = this.node
     return node.serial(async () => {
       await node.impersonate(from)
-      const hash = (await node.raw('eth_sendTransaction', JSON.parse(sendRequest(from, raw)) as unknown[])) as string
+      const { fields } = parseEip1559(Buffer.from(raw.replace(/^0x/, ''), 'hex'))
+      const hash = (await node.raw('eth_sendTransaction', JSON.parse(sendRequest(from, fields)) as unknown[])) as string
       if ((await node.raw('anvil_dropTransaction', [hash])) === null) throw new Error(`the probe ${hash} could not be dropped from the pool`)
       return hash
     })
   }
 
-  private async sendSliced(raws: string[], kind: SendKind): Promise<SendResult[]> {
+  private async sendSliced(kind: SendKind): Promise<SendResult[]> {
     const room = (): number => Math.max(1, FULL_BLOCK_TXS - this.node.pending.size)
-    if (raws.length <= room()) return this.sendRun(kind)
+    if (kind.params.length <= room()) return this.sendRun(kind)
     const out: SendResult[] = []
-    for (let i = 0; i < raws.length; ) {
+    for (let i = 0; i < kind.params.length; ) {
       if (i) await this.miner.mineIfFull()
       const slice = kind.params.slice(i, i + room())
       out.push(...(await this.sendRun({ ...kind, params: slice })))
@@ -217,10 +242,8 @@ interface SendKind {
   as?: string
 }
 
-/** eth_sendTransaction's params for an unsigned transaction (LedgerSigner.unsigned) from `from`. */
-function sendRequest(from: string, raw: string): string {
-  const { fields: f, signed } = parseEip1559(Buffer.from(raw.replace(/^0x/, ''), 'hex'))
-  if (signed) throw new TypeError('a signed transaction goes through sendRawTransactions')
+/** eth_sendTransaction's params for a transaction of these fields from `from` (impersonated). */
+function sendRequest(from: string, f: Eip1559Fields): string {
   const q = (v: bigint | number): string => `0x${v.toString(16)}`
   const hex = (b: Uint8Array): string => `0x${Buffer.from(b).toString('hex')}`
   return JSON.stringify([

@@ -25,8 +25,8 @@ const run = (c: Call): Promise<unknown> => {
       return d.request(c.arg)
     case 'send':
       return d.sendRawTransactions(c.arg)
-    case 'sendUnsigned':
-      return d.sendUnsigned(c.arg.from, c.arg.raws)
+    case 'sendLedger':
+      return d.sendLedger(c.arg.from, c.arg.raws)
     case 'probeUnsigned':
       return d.probeUnsigned(c.arg.from, c.arg.raw)
     case 'snapshot':

@@ -13,7 +13,7 @@ import { type Devnet, type DevnetLog, type DevnetOptions, type DevnetStats, Devn
 export type Call =
   | { id: number; op: 'request'; arg: { method: string; params?: unknown[] | object } }
   | { id: number; op: 'send'; arg: string[] }
-  | { id: number; op: 'sendUnsigned'; arg: { from: string; raws: string[] } }
+  | { id: number; op: 'sendLedger'; arg: { from: string; raws: string[] } }
   | { id: number; op: 'probeUnsigned'; arg: { from: string; raw: string } }
   | { id: number; op: 'snapshot' | 'close'; arg?: undefined }
 
@@ -113,7 +113,7 @@ export async function startDevnetThread(opts: DevnetOptions): Promise<Devnet> {
     childPid: r.childPid,
     request: (a) => call('request', a),
     sendRawTransactions: (raws) => call<SendResult[]>('send', raws),
-    sendUnsigned: (from, raws) => call<SendResult[]>('sendUnsigned', { from, raws }),
+    sendLedger: (from, raws) => call<SendResult[]>('sendLedger', { from, raws }),
     probeUnsigned: (from, raw) => call<string>('probeUnsigned', { from, raw }),
     stats: () => stats,
     snapshot: () => call<void>('snapshot'),

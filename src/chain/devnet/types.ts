@@ -98,8 +98,8 @@ export interface Devnet {
    * the error.
    */
   sendRawTransactions(raws: string[]): Promise<SendResult[]>
-  /** Unsigned transactions of `from`, sent as that account impersonated (RpcFront.sendUnsigned); as sendRawTransactions otherwise. */
-  sendUnsigned(from: string, raws: string[]): Promise<SendResult[]>
+  /** Ledger transactions of `from`, signed or unsigned (sent as that account impersonated): RpcFront.sendLedger. */
+  sendLedger(from: string, raws: string[]): Promise<SendResult[]>
   /** The hash anvil gives an unsigned transaction of `from`, nothing kept (RpcFront.probeUnsigned). */
   probeUnsigned(from: string, raw: string): Promise<string>
   stats(): DevnetStats
