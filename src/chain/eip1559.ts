@@ -134,11 +134,11 @@ function item(b: Uint8Array, at: number): { start: number; end: number; list: bo
 const uintOf = (b: Uint8Array): bigint => (b.length ? BigInt(`0x${Buffer.from(b).toString('hex')}`) : 0n)
 
 /**
- * Reads back what serializeEip1559 and unsignedEip1559 write (the one shape the ledger outbox
- * makes: no access list entries): the fields, and whether it carries a signature (an unsigned
- * one has zero r and s).
+ * The 12 items of a type 2 transaction as serializeEip1559 and unsignedEip1559 write it (chain
+ * id, nonce, the two fees, gas, to, value, data, access list, yParity, r, s), as views of `raw`.
+ * Integers are minimal big-endian bytes, as RLP keeps them.
  */
-export function parseEip1559(raw: Uint8Array): { fields: Eip1559Fields; signed: boolean } {
+export function eip1559Items(raw: Uint8Array): Uint8Array[] {
   if (raw[0] !== 0x02) throw new RangeError('not an EIP-1559 transaction')
   const list = item(raw, 1)
   if (!list.list || list.end !== raw.length) throw new RangeError('rlp: not one list')
@@ -149,6 +149,18 @@ export function parseEip1559(raw: Uint8Array): { fields: Eip1559Fields; signed: 
     at = it.end
   }
   if (parts.length !== 12) throw new RangeError(`expected 12 items, got ${parts.length}`)
+  return parts
+}
+
+/** Whether items of eip1559Items carry a signature (an unsigned transaction has zero r and s). */
+export const signedItems = (parts: readonly Uint8Array[]): boolean => parts[10]!.length > 0 || parts[11]!.length > 0
+
+/**
+ * Reads back what serializeEip1559 and unsignedEip1559 write (the one shape the ledger outbox
+ * makes: no access list entries): the fields, and whether it carries a signature.
+ */
+export function parseEip1559(raw: Uint8Array): { fields: Eip1559Fields; signed: boolean } {
+  const parts = eip1559Items(raw)
   const part = (i: number): Uint8Array => parts[i]!
   const fields: Eip1559Fields = {
     chainId: Number(uintOf(part(0))),
@@ -160,5 +172,5 @@ export function parseEip1559(raw: Uint8Array): { fields: Eip1559Fields; signed: 
     value: uintOf(part(6)),
     data: part(7),
   }
-  return { fields, signed: part(10).length > 0 || part(11).length > 0 }
+  return { fields, signed: signedItems(parts) }
 }

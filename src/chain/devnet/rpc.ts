@@ -2,7 +2,7 @@ import { archiveBlocks, type ReceiptArchive } from './archive.js'
 import { type Journal, journalCall, journalLine, journalRun } from './journal.js'
 import { AUTOMINE_QUERIES, AUTOMINE_SETTERS, isReadOnly, MINES, REFUSED, readsNewestBlock, reply, rpcError, SENDS, SET_NEXT_TIME } from './methods.js'
 import { FULL_BLOCK_TXS, type Miner } from './miner.js'
-import { type Eip1559Fields, parseEip1559 } from '../eip1559.js'
+import { eip1559Items, signedItems } from '../eip1559.js'
 import { addressBytes, unsignedHash } from '../ledger-signer.js'
 import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
@@ -147,8 +147,8 @@ export class RpcFront {
     const sender = addressBytes(from)
     const txs = raws.map((raw) => {
       const bytes = Buffer.from(raw.replace(/^0x/, ''), 'hex')
-      const { fields, signed } = parseEip1559(bytes)
-      return signed ? { raw } : { raw, request: sendRequest(from, fields), hash: unsignedHash(bytes, sender) }
+      const items = eip1559Items(bytes)
+      return signedItems(items) ? { raw } : { raw, request: sendRequest(from, items), hash: unsignedHash(bytes, sender) }
     })
     const out: SendResult[] = []
     for (let i = 0; i < txs.length; ) {
@@ -178,8 +178,8 @@ export class RpcFront {
     const node = this.node
     return node.serial(async () => {
       await node.impersonate(from)
-      const { fields } = parseEip1559(Buffer.from(raw.replace(/^0x/, ''), 'hex'))
-      const hash = (await node.raw('eth_sendTransaction', JSON.parse(sendRequest(from, fields)) as unknown[])) as string
+      const items = eip1559Items(Buffer.from(raw.replace(/^0x/, ''), 'hex'))
+      const hash = (await node.raw('eth_sendTransaction', JSON.parse(sendRequest(from, items)) as unknown[])) as string
       if ((await node.raw('anvil_dropTransaction', [hash])) === null) throw new Error(`the probe ${hash} could not be dropped from the pool`)
       return hash
     })
@@ -242,23 +242,15 @@ interface SendKind {
   as?: string
 }
 
-/** eth_sendTransaction's params for a transaction of these fields from `from` (impersonated). */
-function sendRequest(from: string, f: Eip1559Fields): string {
-  const q = (v: bigint | number): string => `0x${v.toString(16)}`
-  const hex = (b: Uint8Array): string => `0x${Buffer.from(b).toString('hex')}`
-  return JSON.stringify([
-    {
-      type: '0x2',
-      chainId: q(f.chainId),
-      from,
-      to: hex(f.to),
-      nonce: q(f.nonce),
-      gas: q(f.gas),
-      maxFeePerGas: q(f.maxFeePerGas),
-      maxPriorityFeePerGas: q(f.maxPriorityFeePerGas),
-      value: q(f.value),
-      data: hex(f.data),
-      accessList: [],
-    },
-  ])
+/** A JSON-RPC quantity from RLP's minimal big-endian bytes (none for zero). */
+function quantity(b: Uint8Array): string {
+  const hex = Buffer.from(b).toString('hex')
+  return hex ? `0x${hex[0] === '0' ? hex.slice(1) : hex}` : '0x0'
+}
+
+/** eth_sendTransaction's params for a type 2 transaction (its items: eip1559Items) from `from` (impersonated). */
+function sendRequest(from: string, items: readonly Uint8Array[]): string {
+  const it = (i: number): Uint8Array => items[i]!
+  const data = (b: Uint8Array): string => `0x${Buffer.from(b).toString('hex')}`
+  return `[{"type":"0x2","chainId":"${quantity(it(0))}","from":${JSON.stringify(from)},"to":"${data(it(5))}","nonce":"${quantity(it(1))}","maxPriorityFeePerGas":"${quantity(it(2))}","maxFeePerGas":"${quantity(it(3))}","gas":"${quantity(it(4))}","value":"${quantity(it(6))}","data":"${data(it(7))}","accessList":[]}]`
 }
