@@ -4,8 +4,9 @@
  * deploys the PaymentLedger and fills it with ledger records (unsigned, sent 250 to a call the
  * way the outbox sends them to the embedded chain, at most 1,000 unmined; BENCH_DEVNET_SIGNED=1:
  * signed natively, as for an external chain), printing per 10,000 records the CPU of anvil
- * (/proc/<pid>/stat) and of the worker, the longest send and snapshot hold, and RSS. Beside the fill a probe sends one plain transfer at a time, every 50 ms, from an account
- * of its own: its latencies (p50, p99, max per 10,000 records) are how long the chain kept a
+ * (/proc/<pid>/stat) and of the worker, the longest send and snapshot hold, and RSS. Beside
+ * the fill a probe sends one plain transfer at a time, every 50 ms, from an account of its own:
+ * its latencies (p50, p99, max per 10,000 records) are how long the chain kept a
  * single send waiting, its stalls. At the target (or the time limit) this process SIGKILLs the
  * worker mid-traffic, starts the chain again on its data dir (the restart a crash costs), checks
  * that no acknowledged record was lost (every one mined within 10 s), and checks sampled

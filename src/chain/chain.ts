@@ -96,7 +96,7 @@ export class Chain {
     private readonly devnet: Devnet | null,
     /** Embedded chain only: owns the dev token and mints for the faucet (never the ledger signer, whose nonces the outbox manages). */
     private readonly minter: PrivateKeyAccount | null,
-    /** Ledger records go to the chain unsigned, from the signer's account impersonated (the embedded chain; see sendUnsigned). */
+    /** Ledger records go to the chain unsigned, from the signer's account impersonated (the embedded chain; see sendLedger). */
     readonly unsignedLedger: boolean,
   ) {}
 
@@ -170,8 +170,11 @@ export class Chain {
       if (!recorder) log.warn({ signer: signer.address, ledger: deployment.ledger }, 'the service signer is not a recorder on the ledger: ledger records will fail')
       const info: ChainInfo = { network, chainId: c.chainId, rpcUrl: shownUrl(rpcUrl), token: deployment.token, tokenDomain, ledger: deployment.ledger }
       const fastSigner = new FastSigner(signerKey)
-      const unsigned =
-        devnet && !deps.signedLedger ? await unsignedHashesAgree(devnet, fastSigner, info, await publicClient.getTransactionCount({ address: signer.address, blockTag: 'pending' }), log) : false
+      let unsigned = false
+      if (devnet && !deps.signedLedger) {
+        const nonce = await publicClient.getTransactionCount({ address: signer.address, blockTag: 'pending' })
+        unsigned = await unsignedHashesAgree(devnet, fastSigner, info, nonce, log)
+      }
       log.info({ ...info, embedded: !!devnet, signer: signer.address, unsignedLedger: unsigned }, 'chain ready')
       return new Chain(info, !!devnet, publicClient, walletClient, signer, fastSigner, devnet, minter, unsigned)
     } catch (e) {
@@ -276,10 +279,10 @@ export class Chain {
 }
 
 /**
- * Whether the embedded chain gives an unsigned ledger record the hash Paygate computes for it
- * (tried on one under the signer's next nonce that it keeps nowhere: Devnet.probeUnsigned). The anvil shipped does; one configured
- * by `chain.anvilPath` that hashes otherwise gets signed records, as an external chain does,
- * since a record's stored hash is how its receipt is found.
+ * Whether the embedded chain gives an unsigned ledger record the hash Paygate computes for it,
+ * tried on one under the signer's next nonce that it keeps nowhere (Devnet.probeUnsigned). The
+ * anvil shipped does; one configured by `chain.anvilPath` that hashes otherwise gets signed
+ * records, as an external chain does, since a record's stored hash is how its receipt is found.
  */
 export async function unsignedHashesAgree(devnet: Devnet, key: FastSigner, info: ChainInfo, nonce: number, log: Logger): Promise<boolean> {
   const probe = new LedgerSigner(key).unsigned(

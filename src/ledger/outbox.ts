@@ -271,18 +271,21 @@ export class Outbox {
 
   /**
    * The unconfirmed records that have receipts, from the first on. Confirming stops at the first
-   * record without a receipt (`left`): a pass costs what changed, not the whole backlog. Records
-   * are mined in nonce order, so once one block's receipts are read the next records are looked
-   * for in the next block's: one call a block, not one a record.
+   * record without a receipt (`left`): a pass costs what changed, not the whole backlog. Once two
+   * records in a row share a block, the rest of that block's receipts come in one call; and
+   * once records come several to a block, the next record is looked for in the next block's
+   * receipts first (they are mined in nonce order): one call a block, not one a record.
    */
   private async mined(): Promise<{ confirmed: { e: OutboxEntry; r: LedgerReceipt }[]; left: boolean }> {
     const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
     let fromBlock = new Map<string, LedgerReceipt>()
     let lastBlock = -1
+    let dense = false
     for (const e of this.unconfirmed) {
       const h = e.hash.toLowerCase()
       let r = fromBlock.get(h)
-      if (!r && lastBlock >= 0) {
+      if (r) dense = true
+      else if (dense) {
         fromBlock = (await this.writer.blockReceipts(lastBlock + 1)) ?? fromBlock
         r = fromBlock.get(h)
         if (r) lastBlock = r.blockNumber
@@ -290,8 +293,7 @@ export class Outbox {
       if (!r) {
         const one = await this.writer.receipt(e.hash)
         if (!one) return { confirmed, left: true }
-        // the rest of its block in one call, if more records wait
-        if (one.blockNumber !== lastBlock && confirmed.length + 1 < this.unconfirmed.length) fromBlock = (await this.writer.blockReceipts(one.blockNumber)) ?? fromBlock
+        if (one.blockNumber === lastBlock) fromBlock = (await this.writer.blockReceipts(one.blockNumber)) ?? fromBlock
         lastBlock = one.blockNumber
         r = one
       }

@@ -122,7 +122,7 @@ async function run(t: Test, writer: FakeWriter, count: number): Promise<TxRecord
   return (await o.transactions.getMany(recs.map((r) => r.id))) as TxRecord[]
 }
 
-t.test('receipts come a block at a call, the next block looked in first; records are confirmed with their blocks', async (t) => {
+t.test("receipts of a shared block come in one call, and then the next block's first; records are confirmed with their blocks", async (t) => {
   // nonce 0 alone in block 5; 1-6 in block 6; 7-9 in block 7; nonce 4 reverted
   const writer = new FakeWriter((n) => (n === 0 ? 5 : n <= 6 ? 6 : 7), new Set([4]))
   const got = await run(t, writer, 10)
@@ -130,10 +130,21 @@ t.test('receipts come a block at a call, the next block looked in first; records
     got.map((r) => [r.ledger?.status, r.ledger?.blockNumber]),
     [['confirmed', 5], ...[1, 2, 3].map(() => ['confirmed', 6]), ['failed', 6], ['confirmed', 6], ['confirmed', 6], ...[7, 8, 9].map(() => ['confirmed', 7])],
   )
-  // block 5: the first record's receipt, then its block's receipts; blocks 6 and 7: the next
-  // block's receipts, one call each
-  t.equal(writer.receiptCalls, 1)
-  t.equal(writer.blockCalls, 3)
+  // block 5: one receipt; block 6: two receipts, then the block's receipts; block 7 (records
+  // come several to a block by then): the next block's receipts, one call
+  t.equal(writer.receiptCalls, 3)
+  t.equal(writer.blockCalls, 2)
+})
+
+t.test('records one to a block (a busy external chain): one receipt each, no block read whole', async (t) => {
+  const writer = new FakeWriter((n) => 100 + 3 * n)
+  const got = await run(t, writer, 6)
+  t.same(
+    got.map((r) => r.ledger?.blockNumber),
+    [100, 103, 106, 109, 112, 115],
+  )
+  t.equal(writer.receiptCalls, 6)
+  t.equal(writer.blockCalls, 0)
 })
 
 t.test('a node without eth_getBlockReceipts: one receipt per record, same outcome', async (t) => {

@@ -4,7 +4,7 @@ import type { AnvilNode } from './node.js'
 import { type CutDump, HeaderCut, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
 import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
-/** `as`: the account Paygate impersonates to send it (see RpcFront.sendUnsigned), again before a replay sends it. */
+/** `as`: the account Paygate impersonates to send it (see RpcFront.sendLedger), again before a replay sends it. */
 const asField = (as?: string): string => (as ? `,"as":${JSON.stringify(as)}` : '')
 /** A journal line, from params already in JSON (as sent to anvil: each raw tx is encoded once). */
 export const journalLine = (method: string, paramsJson: string, as?: string): string => `{"m":${JSON.stringify(method)},"p":${paramsJson}${asField(as)}}`

@@ -8,7 +8,7 @@ const MIN_BLOCK_GAP_MS = 10
  * Waiting txs that make a block now, and the most a long send puts in anvil's pool before one is
  * mined (see mineIfFull). Every call waits while anvil mines a block and serves its receipts, and
  * the receipts cost grows with the square of the block: anvil hashes every tx of the block for
- * each receipt it builds, and an unsigned tx (the ledger's, see RpcFront.sendUnsigned) has no
+ * each receipt it builds, and an unsigned tx (the ledger's, see RpcFront.sendLedger) has no
  * hash kept, so it is hashed anew each time. Under load, blocks of 32 cost anvil about half
  * what blocks of 128 did per ledger record (docs/benchmarks.md), with a mined block's own cost
  * (about 1 ms) still spread over many.

@@ -34,7 +34,7 @@ export class AnvilNode {
   /** reads sent and not yet answered */
   private readonly readsInFlight = new Set<Promise<RpcResponse>>()
 
-  /** accounts this process impersonated in anvil (to send as them: RpcFront.sendUnsigned) */
+  /** accounts this process impersonated in anvil (to send as them: RpcFront.sendLedger) */
   private readonly impersonated = new Set<string>()
 
   /** a connection of its own for state dumps: anvil answers one connection's calls in turn */
