@@ -50,3 +50,25 @@ export function watchSigning(t: Test, gw: TestGateway) {
   })
   return calls
 }
+
+/** Payments made together: each its own ledger transaction, each made by the outbox, most of them on the signing thread. */
+export function madeTogether(t: Test, calls: ReturnType<typeof watchSigning>, hashes: readonly Hex[]): void {
+  t.equal(new Set(hashes).size, hashes.length, 'a ledger transaction each')
+  const made = new Set([...calls.onMain, ...calls.inGroups])
+  t.ok(
+    hashes.every((h) => made.has(h)),
+    'each was made by the outbox',
+  )
+  t.ok(
+    calls.inGroups.filter((h) => hashes.includes(h)).length >= hashes.length / 2,
+    `most on the signing thread (${calls.inGroups.length} there in ${calls.requests} requests, ${calls.onMain.length} ahead on the main thread)`,
+  )
+}
+
+/** A lone payment (`txHash` its answer's): its record made once, ahead on the main thread while the retry was on the wire. */
+export function madeAhead(t: Test, calls: ReturnType<typeof watchSigning>, txHash: Hex): void {
+  t.equal(calls.ahead, 1, 'asked to make it ahead')
+  t.equal(calls.mainBeforeRecord, 1, 'the record was already made when the paid answer came to be recorded')
+  t.same(calls.onMain, [txHash], "made once, and its hash is the answer's txHash")
+  t.same(calls.inGroups, [], 'nothing asked of the signing thread')
+}

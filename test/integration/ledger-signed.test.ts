@@ -1,7 +1,7 @@
 import t, { type Test } from 'tap'
 import { type Hex, keccak256, recoverTransactionAddress, type TransactionSerialized } from 'viem'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { watchSigning } from '../helpers/ledger-signing.js'
+import { madeAhead, madeTogether, watchSigning } from '../helpers/ledger-signing.js'
 import { startV2Merchant } from '../helpers/merchants.js'
 
 /**
@@ -34,10 +34,7 @@ t.test('a lone payment: its ledger record signed on the main thread while the re
   t.equal(calls.thread, true, 'the gateway has a thread that signs ledger records')
   const r = await pay()
   t.equal(r.status, 200, r.text)
-  t.equal(calls.ahead, 1, 'asked to sign ahead')
-  t.equal(calls.mainBeforeRecord, 1, 'the record was already signed when the paid answer came to be recorded')
-  t.same(calls.onMain, [r.body.txHash], "one signature, and its hash is the answer's txHash")
-  t.same(calls.inGroups, [], 'nothing asked of the signing thread')
+  madeAhead(t, calls, r.body.txHash)
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
   await signedOnChain(t, r.body.txHash, calls.raws.get(r.body.txHash))
 })
@@ -47,13 +44,7 @@ t.test('payments made together: signed on the signing thread, each its own trans
   const rs = await Promise.all(Array.from({ length: 12 }, pay))
   for (const r of rs) t.equal(r.status, 200, r.text)
   const hashes = rs.map((r) => r.body.txHash as Hex)
-  t.equal(new Set(hashes).size, 12, 'twelve ledger transactions')
-  const signed = new Set([...calls.onMain, ...calls.inGroups])
-  t.ok(
-    hashes.every((h) => signed.has(h)),
-    'each was signed by the outbox',
-  )
-  t.ok(calls.inGroups.filter((h) => hashes.includes(h)).length >= 6, `most on the signing thread (${calls.inGroups.length} there in ${calls.requests} requests)`)
+  madeTogether(t, calls, hashes)
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger records are confirmed')
   for (const h of hashes) await signedOnChain(t, h, calls.raws.get(h))
 })

@@ -6,7 +6,7 @@ import { paymentLedgerAbi } from '../../src/chain/contracts/abis.js'
 import { recordIdOf } from '../../src/chain/ledger-tx.js'
 import { recordDigest, recordedEvents } from '../../src/chain/ledger-verify.js'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { watchSigning } from '../helpers/ledger-signing.js'
+import { madeAhead, madeTogether, watchSigning } from '../helpers/ledger-signing.js'
 import { startSpecMerchant, startV1Merchant, startV2Merchant, type Merchant, type MerchantOptions } from '../helpers/merchants.js'
 
 /** Real merchants (official x402 v2 and v1 packages, and the spec shapes) on the embedded chain (id 84532). */
@@ -89,10 +89,7 @@ t.test('the ledger record of a lone payment is made while the paid retry is on t
   const calls = watchSigning(t, gw)
   const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })
   t.equal(r.status, 200, r.text)
-  t.equal(calls.ahead, 1, 'asked to make it ahead')
-  t.equal(calls.mainBeforeRecord, 1, 'the record was already made when the paid answer came to be recorded')
-  t.same(calls.onMain, [r.body.txHash], "made once, and its hash is the answer's txHash")
-  t.same(calls.inGroups, [], 'nothing more asked of the signing thread')
+  madeAhead(t, calls, r.body.txHash)
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger record is confirmed')
   const receipt = await pub.getTransactionReceipt({ hash: r.body.txHash })
   t.equal(receipt.status, 'success')
@@ -109,16 +106,7 @@ t.test('payments made together are each their own transaction on chain, made on 
   const rs = await Promise.all(Array.from({ length: 12 }, () => gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })))
   for (const r of rs) t.equal(r.status, 200, r.text)
   const hashes = rs.map((r) => r.body.txHash as Hex)
-  t.equal(new Set(hashes).size, 12, 'twelve ledger transactions')
-  const made = new Set([...calls.onMain, ...calls.inGroups])
-  t.ok(
-    hashes.every((h) => made.has(h)),
-    'each was made by the outbox',
-  )
-  t.ok(
-    calls.inGroups.filter((h) => hashes.includes(h)).length >= 6,
-    `most made on the signing thread (${calls.inGroups.length} there in ${calls.requests} requests, ${calls.onMain.length} ahead on the main thread)`,
-  )
+  madeTogether(t, calls, hashes)
   t.ok(await gw.gw.outbox.drain(10_000), 'the ledger records are confirmed')
   for (const h of hashes) t.equal((await pub.getTransactionReceipt({ hash: h })).status, 'success')
 })
