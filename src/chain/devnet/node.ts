@@ -37,7 +37,7 @@ export class AnvilNode {
   /** accounts this process impersonated in anvil (to send as them: RpcFront.sendLedger) */
   private readonly impersonated = new Set<string>()
 
-  /** a connection of its own for state dumps: anvil answers one connection's calls in turn */
+  /** a connection of its own for state dumps: the main one carries the sends that go on beside a dump */
   private dumpIpc: Promise<IpcClient> | null = null
 
   constructor(
