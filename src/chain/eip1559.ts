@@ -1,8 +1,9 @@
 /**
  * Direct EIP-1559 (type 2) transaction bytes: a small RLP encoder for the one shape the
- * ledger outbox signs, in place of viem's generic serializer (hex strings, per-field
- * objects) on the paid path. Bytes are identical to viem's `serializeTransaction`
- * (test/unit/eip1559.test.ts compares them on randomized inputs).
+ * ledger outbox makes (signed, or unsigned for the embedded chain), in place of viem's generic
+ * serializer (hex strings, per-field objects) on the paid path, and the reader the embedded
+ * chain's front takes unsigned ones apart with. Bytes are identical to viem's
+ * `serializeTransaction` (test/unit/ledger-tx.test.ts compares them on randomized inputs).
  */
 import { MAX_UINT256 } from '../util/money.js'
 
@@ -131,8 +132,6 @@ function item(b: Uint8Array, at: number): { start: number; end: number; list: bo
   return { start, end: start + len, list }
 }
 
-const uintOf = (b: Uint8Array): bigint => (b.length ? BigInt(`0x${Buffer.from(b).toString('hex')}`) : 0n)
-
 /**
  * The 12 items of a type 2 transaction as serializeEip1559 and unsignedEip1559 write it (chain
  * id, nonce, the two fees, gas, to, value, data, access list, yParity, r, s), as views of `raw`.
@@ -154,23 +153,3 @@ export function eip1559Items(raw: Uint8Array): Uint8Array[] {
 
 /** Whether items of eip1559Items carry a signature (an unsigned transaction has zero r and s). */
 export const signedItems = (parts: readonly Uint8Array[]): boolean => parts[10]!.length > 0 || parts[11]!.length > 0
-
-/**
- * Reads back what serializeEip1559 and unsignedEip1559 write (the one shape the ledger outbox
- * makes: no access list entries): the fields, and whether it carries a signature.
- */
-export function parseEip1559(raw: Uint8Array): { fields: Eip1559Fields; signed: boolean } {
-  const parts = eip1559Items(raw)
-  const part = (i: number): Uint8Array => parts[i]!
-  const fields: Eip1559Fields = {
-    chainId: Number(uintOf(part(0))),
-    nonce: uintOf(part(1)),
-    maxPriorityFeePerGas: uintOf(part(2)),
-    maxFeePerGas: uintOf(part(3)),
-    gas: uintOf(part(4)),
-    to: part(5),
-    value: uintOf(part(6)),
-    data: part(7),
-  }
-  return { fields, signed: signedItems(parts) }
-}
