@@ -28,24 +28,19 @@ const bank = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 6 })
  * such as anvil_setBalance would turn trimming off), and its records as unsigned transactions.
  */
 async function account(chain: Devnet) {
-  const pk = generatePrivateKey()
-  const key = new FastSigner(pk)
+  const key = new FastSigner(generatePrivateKey())
   const nonce = await count(chain, bank.address, 'pending')
   const fund = await bank.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: key.address, value: 10n ** 20n, gas: 21_000n, maxFeePerGas: 10n ** 11n, maxPriorityFeePerGas: 1n })
   const [sent] = await chain.sendRawTransactions([fund])
   if (!sent || !('hash' in sent) || (await receipt(chain, sent.hash))?.status !== '0x1') throw new Error('funding failed')
   const signer = new LedgerSigner(key)
   const ctx = { chainId: CHAIN_ID, ledger: `0x${'42'.repeat(20)}`, maxFeePerGas: 50_000_000_000n, maxPriorityFeePerGas: 1n }
-  const record = (nonce: number | bigint) =>
-    signer.unsigned(
-      ctx,
-      { id: ZERO32, parentTxHash: ZERO32, agentId: `agent-${nonce}`, amount: BigInt(nonce) + 1n, protocol: 'x402', origin: 'http://merchant.test', pathHash: ZERO32, depth: 0 },
-      BigInt(nonce),
-    )
-  const signed = (nonce: number) =>
-    signer.sign(ctx, { id: ZERO32, parentTxHash: ZERO32, agentId: `signed-${nonce}`, amount: 1n, protocol: 'x402', origin: 'http://merchant.test', pathHash: ZERO32, depth: 0 }, BigInt(nonce))
+  const entry = (agentId: string) => ({ id: ZERO32, parentTxHash: ZERO32, agentId, amount: 1n, protocol: 'x402', origin: 'http://merchant.test', pathHash: ZERO32, depth: 0 })
+  const record = (nonce: number | bigint) => signer.unsigned(ctx, entry(`agent-${nonce}`), BigInt(nonce))
+  const signed = (nonce: number) => signer.sign(ctx, entry(`signed-${nonce}`), BigInt(nonce))
   return { address: key.address, record, signed }
 }
+
 t.test('unsigned sends: the hashes computed, mined from the account, and the same chain again from the journal alone', async (t: Test) => {
   const dir = testDir(t, 'paygate-devnet-')
   const chain = await open(dir)
