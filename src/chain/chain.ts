@@ -248,12 +248,12 @@ export class Chain {
   }
 
   /**
-   * Broadcast raw transactions of one sender, in nonce order; per transaction its hash or the
-   * node's error. The embedded chain takes them in one round trip; an external node gets them
-   * one by one.
+   * The signer's ledger transactions, in nonce order; per transaction its hash or the node's
+   * error. The embedded chain takes signed and unsigned ones (`unsignedLedger`) in one round
+   * trip (Devnet.sendLedger); an external node gets signed ones one by one.
    */
-  async sendRawTransactions(raws: Hex[]): Promise<SendResult[]> {
-    if (this.devnet) return this.devnet.sendRawTransactions(raws)
+  async sendLedger(raws: Hex[]): Promise<SendResult[]> {
+    if (this.devnet) return this.devnet.sendLedger(this.signer.address, raws)
     const out: SendResult[] = []
     for (const raw of raws) {
       try {
@@ -263,14 +263,6 @@ export class Chain {
       }
     }
     return out
-  }
-
-  /**
-   * The signer's ledger transactions, in nonce order: on the embedded chain signed and unsigned
-   * ones (`unsignedLedger`; Devnet.sendLedger), elsewhere signed ones (sendRawTransactions).
-   */
-  async sendLedger(raws: Hex[]): Promise<SendResult[]> {
-    return this.devnet ? this.devnet.sendLedger(this.signer.address, raws) : this.sendRawTransactions(raws)
   }
 
   async close(): Promise<void> {
