@@ -12,9 +12,9 @@ const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
   a.depth === b.depth
 
 /**
- * Which signature each of the outbox's records gets: the one made ahead for it (a lone
- * payment's, while its retry was on the wire), when it still holds; else the signing thread's,
- * one request a group.
+ * Which transaction each of the outbox's records gets (signed, or unsigned for the embedded
+ * chain: LedgerWriter): the one made ahead for it (a lone payment's, while its retry was on the
+ * wire), when it still holds; else the signing thread's, one request a group.
  */
 export class RecordSigning {
   /** A record signed ahead, with the nonce and stamp it was signed under. */
@@ -40,7 +40,7 @@ export class RecordSigning {
     if (this.ahead && this.ahead.nonce < next) this.ahead = null
   }
 
-  /** The signatures of `entries` under the nonces from `from` on. */
+  /** The transactions of `entries` under the nonces from `from` on. */
   async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<LedgerTx[]> {
     const out: LedgerTx[] = []
     const rest: { entry: LedgerEntry; nonce: bigint }[] = []
