@@ -3,11 +3,14 @@
  * binary with the devnet's flags on loopback, deploys the PaymentLedger and, for each block size,
  * sends that many ledger calls (signed natively, 250 to a batch), mines them with `evm_mine` and
  * reads the block's receipts with `eth_getBlockReceipts`, as the devnet's miner and receipt
- * archive do, and its logs with `eth_getLogs` (for comparison). Meanwhile a second connection
- * sends one tx during the mine and one during the receipts read, to see whether anvil answers
- * it meanwhile. Prints the median of `--rounds` per size:
+ * archive do, and, for comparison, its logs (`eth_getLogs`) and the block with its txs
+ * (`eth_getBlockByNumber`, full). Meanwhile a second connection sends one tx during the mine
+ * and one during the receipts read, to see whether anvil answers it meanwhile. `--unsigned`
+ * sends the ledger calls as the embedded chain does (`eth_sendTransaction` from the recorder's
+ * account, impersonated: anvil recovers no sender, and hashes such a tx each time it needs
+ * its hash). Prints the median of `--rounds` per size:
  *
- *   npx tsx scripts/anvil-block-costs.ts [--sizes 100,250,1000] [--rounds 5]
+ *   npx tsx scripts/anvil-block-costs.ts [--sizes 100,250,1000] [--rounds 5] [--unsigned]
  *
  * Loopback only; bounded by sizes x rounds. Only the anvil this script starts is killed, by its pid.
  */
@@ -33,6 +36,7 @@ const opt = (name: string, dflt: string): string => {
 }
 const SIZES = opt('sizes', '100,250,1000').split(',').map(Number)
 const ROUNDS = Number(opt('rounds', '5'))
+const UNSIGNED = argv.includes('--unsigned')
 const CHAIN_ID = 31337
 
 const signerOf = (i: number): { account: ReturnType<typeof mnemonicToAccount>; fast: FastSigner } => {
@@ -85,14 +89,44 @@ async function run(): Promise<void> {
   let nonce = 0
   let sideNonce = 0
   const to = await deployLedger(call, recorder.account, CHAIN_ID, nonce++)
+  if (UNSIGNED) await call('anvil_impersonateAccount', [recorder.account.address])
+  const hexOf = (b: Uint8Array): Hex => `0x${Buffer.from(b).toString('hex')}`
+  const signedSend = (n: number, data: Uint8Array): { method: string; params: unknown[] } => ({ method: 'eth_sendRawTransaction', params: [sign(recorder.fast, n, to, data, 200_000n)] })
+  // the fields the embedded chain's front sends for an unsigned record (sendRequest in src/chain/devnet/rpc.ts)
+  const unsignedSend = (n: number, data: Uint8Array): { method: string; params: unknown[] } => ({
+    method: 'eth_sendTransaction',
+    params: [
+      {
+        type: '0x2',
+        from: recorder.account.address,
+        to: hexOf(to),
+        data: hexOf(data),
+        nonce: `0x${n.toString(16)}`,
+        gas: '0x30d40',
+        maxFeePerGas: '0x174876e800',
+        maxPriorityFeePerGas: '0x1',
+        value: '0x0',
+        chainId: `0x${CHAIN_ID.toString(16)}`,
+        accessList: [],
+      },
+    ],
+  })
   const sideSend = (): Promise<unknown> => call('eth_sendRawTransaction', [sign(other.fast, sideNonce++, SINK, new Uint8Array(), 21_000n)], side)
   let k = 0
   for (const size of SIZES) {
-    const got = { sendPerTxMs: [] as number[], mineMs: [] as number[], receiptsMs: [] as number[], logsMs: [] as number[], sendDuringMineMs: [] as number[], sendDuringReceiptsMs: [] as number[] }
+    const got = {
+      sendPerTxMs: [] as number[],
+      mineMs: [] as number[],
+      receiptsMs: [] as number[],
+      logsMs: [] as number[],
+      blockMs: [] as number[],
+      sendDuringMineMs: [] as number[],
+      sendDuringReceiptsMs: [] as number[],
+    }
     for (let round = 0; round < ROUNDS + 1; round++) {
-      const raws = Array.from({ length: size }, () => sign(recorder.fast, nonce++, to, encodeRecordCall(entryOf(k++)), 200_000n))
+      const sends = Array.from({ length: size }, () => (UNSIGNED ? unsignedSend(nonce++, encodeRecordCall(entryOf(k++))) : signedSend(nonce++, encodeRecordCall(entryOf(k++)))))
       const [, sendMs] = await timed(async () => {
-        for (let j = 0; j < raws.length; j += 250) await batch(raws.slice(j, j + 250).map((raw) => ({ method: 'eth_sendRawTransaction', params: [raw] })))
+        for (let j = 0; j < sends.length; j += 250) await batch(sends.slice(j, j + 250))
       })
       const mine = timed(() => call('evm_mine'))
       await sleep(2)
@@ -106,17 +140,19 @@ async function run(): Promise<void> {
       if ((rs as unknown[]).length < size) throw new Error(`block ${blockNumber} holds ${(rs as unknown[]).length} receipts, not ${size}`)
       // The same block's logs alone: anvil builds each receipt from a copy of the whole block and its receipts.
       const [, logsMs] = await timed(() => call('eth_getLogs', [{ fromBlock: blockNumber, toBlock: blockNumber }]))
+      const [, blockMs] = await timed(() => call('eth_getBlockByNumber', [blockNumber, true]))
       await call('evm_mine') // the side txs
       if (round === 0) continue // warm-up
       got.sendPerTxMs.push(sendMs / size)
       got.mineMs.push(mineMs)
       got.receiptsMs.push(receiptsMs)
       got.logsMs.push(logsMs)
+      got.blockMs.push(blockMs)
       got.sendDuringMineMs.push(duringMine)
       got.sendDuringReceiptsMs.push(duringReceipts)
     }
     const m = Object.fromEntries(Object.entries(got).map(([key, xs]) => [key, key === 'sendPerTxMs' ? +median(xs).toFixed(3) : +median(xs).toFixed(1)]))
-    console.log(JSON.stringify({ txsPerBlock: size, rounds: ROUNDS, median: m }))
+    console.log(JSON.stringify({ txsPerBlock: size, unsigned: UNSIGNED, rounds: ROUNDS, median: m }))
   }
   process.exit(0)
 }
