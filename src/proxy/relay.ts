@@ -5,7 +5,7 @@ import { type UpstreamError, unreachableError } from '../upstream/errors.js'
 import { PaygateError } from '../errors/index.js'
 import type { FastConn } from './fast.js'
 import { relayResponseHead, type Framing, type ResponseHead } from '../upstream/http1.js'
-import type { Exchange, ExchangeSink, Origin, OriginPool } from '../upstream/origins.js'
+import { ExchangeBody, type Exchange, type ExchangeSink, type Origin, type OriginPool } from '../upstream/origins.js'
 
 /** What the first send on the fast path came to (`fallback`: a response it leaves alone; the engine asks again on its own client, the method being idempotent). */
 export type FirstSend = FirstAnswer
@@ -17,26 +17,6 @@ export function requestHead(method: string, path: string, authority: string, sta
   for (const k in h) out += `${k}: ${h[k]}\r\n`
   for (const k in start.firstHeaders) out += `${k}: ${start.firstHeaders[k]}\r\n`
   return `${out}\r\n`
-}
-
-const noop = (): void => {}
-
-/** An answer body read from the fast path's exchange, for the engine (402s, session calls). */
-class ExchangeBody extends Readable {
-  constructor(private readonly exchange: Exchange) {
-    super()
-    // The target failing while nobody reads this body (yet) must not become an uncaught error.
-    this.on('error', noop)
-  }
-
-  override _read(): void {
-    this.exchange.resume()
-  }
-
-  override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
-    if (!this.readableEnded) this.exchange.abort()
-    cb(err)
-  }
 }
 
 /**

@@ -1,5 +1,6 @@
 import { connect as netConnect, isIP, type Socket } from 'node:net'
 import { connect as tlsConnect, type SecureContext } from 'node:tls'
+import { Readable } from 'node:stream'
 import { UpstreamError, upstreamError } from './errors.js'
 import type { PaygateError } from '../errors/index.js'
 import type { EgressGuard } from '../net/egress.js'
@@ -9,9 +10,9 @@ import { BodyFramer, hasConnectionToken, headEnd, MAX_HEAD, parseResponseHead, r
  * The proxy's own keep-alive connections to targets, for the first send of a request on the
  * fast path: one request at a time per connection, the response head parsed here and the
  * body passed on as it comes (as received, or without its chunked framing when the sink
- * asks). undici stays the engine's client for paid
- * retries; this path exists because it costs about half the CPU per request (measured by
- * `npm run bench peers`).
+ * asks). It also carries the engine's body-less GET and HEAD sends (pooled.ts); undici
+ * the rest. It exists because it costs less CPU per request than undici (about half on the
+ * proxy's relays, `npm run bench peers`; `npx tsx scripts/upstream-clients.ts`).
  */
 
 /** What an exchange reports, in order: `head`, then `data`* and `end`, or `error` at any point. */
@@ -45,9 +46,26 @@ export interface ExchangeSink {
  */
 const READ_BUFFER = Buffer.allocUnsafe(64 * 1024)
 
+/**
+ * A connection the target said it keeps idle for N seconds (`Keep-Alive: timeout=N`) is reused
+ * for at most N seconds less this, so that a request is not written as the target closes it
+ * (as undici does: keepAliveTimeoutThreshold).
+ */
+const KEEP_ALIVE_MARGIN_MS = 1000
+const KEEP_ALIVE_TIMEOUT = /(?:^|[\s,;])timeout\s*=\s*(\d{1,9})/i
+
+/** The idle time a `Keep-Alive` field announces, in ms; null when it names none. */
+export function keepAliveHintMs(field: string | string[] | undefined): number | null {
+  const m = typeof field === 'string' ? KEEP_ALIVE_TIMEOUT.exec(field) : null
+  return m ? Number(m[1]) * 1000 : null
+}
+
 class OriginConn {
   exchange: Exchange | null = null
   reused = false
+  /** How long it may wait idle and still be reused (the target's Keep-Alive hint), and until when, once idle. */
+  reuseForMs = Number.POSITIVE_INFINITY
+  idleUntil = Number.POSITIVE_INFINITY
 
   constructor(
     readonly socket: Socket,
@@ -121,6 +139,11 @@ export class Exchange {
       }
       // A HEAD answer's connection is not reused: a body sent by mistake would be read as the next answer.
       this.keepAlive = head.minor === 1 && this.method !== 'HEAD' && framing.kind !== 'close' && !hasConnectionToken(head.map.connection, 'close')
+      const hint = this.keepAlive ? keepAliveHintMs(head.map['keep-alive']) : null
+      if (hint !== null) {
+        if (hint <= KEEP_ALIVE_MARGIN_MS) this.keepAlive = false
+        else this.conn.reuseForMs = hint - KEEP_ALIVE_MARGIN_MS
+      }
       const decode = this.sink.head(head, framing)
       if (this.finished) return // the sink gave up on the answer
       this.framer = new BodyFramer(framing, decode && framing.kind === 'chunked')
@@ -191,6 +214,29 @@ export class Exchange {
   }
 }
 
+const noop = (): void => {}
+
+/** An answer body read from an exchange, for the engine (402s, session calls, paid answers). */
+export class ExchangeBody extends Readable {
+  /** Every byte has arrived (as IncomingMessage's `complete`): a reader may take them at once (collectUpTo). */
+  complete = false
+
+  constructor(private readonly exchange: Exchange) {
+    super()
+    // The target failing while nobody reads this body (yet) must not become an uncaught error.
+    this.on('error', noop)
+  }
+
+  override _read(): void {
+    this.exchange.resume()
+  }
+
+  override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
+    if (!this.readableEnded) this.exchange.abort()
+    cb(err)
+  }
+}
+
 export interface Origin {
   https: boolean
   /** Host name or IP (no brackets). */
@@ -217,7 +263,7 @@ export class OriginPool {
    */
   request(o: Origin, head: string, method: string, sink: ExchangeSink, fresh = false): Exchange {
     const key = `${o.https ? 's' : 'p'}${o.host}:${o.port}`
-    const conn = (!fresh && this.idle.get(key)?.pop()) || this.open(o, key)
+    const conn = (!fresh && this.reusable(key)) || this.open(o, key)
     const ex = new Exchange(conn, method, sink, this)
     conn.exchange = ex
     conn.socket.write(head, 'latin1')
@@ -239,6 +285,17 @@ export class OriginPool {
     return conn
   }
 
+  /** The newest idle connection to `key` still within its target's keep-alive time; older ones are closed. */
+  private reusable(key: string): OriginConn | undefined {
+    const list = this.idle.get(key)
+    while (list?.length) {
+      const c = list.pop()!
+      if (c.idleUntil === Number.POSITIVE_INFINITY || c.idleUntil > Date.now()) return c
+      c.socket.destroy()
+    }
+    return undefined
+  }
+
   give(conn: OriginConn): void {
     const list = this.idle.get(conn.key) ?? []
     if (list.length >= this.maxIdlePerOrigin || conn.socket.destroyed) {
@@ -246,6 +303,7 @@ export class OriginPool {
       return
     }
     conn.reused = true
+    if (conn.reuseForMs !== Number.POSITIVE_INFINITY) conn.idleUntil = Date.now() + conn.reuseForMs
     if (conn.socket.isPaused()) conn.socket.resume()
     list.push(conn)
     this.idle.set(conn.key, list)

@@ -8,8 +8,10 @@ import type { EgressGuard } from '../net/egress.js'
 import { collect, type Deadline } from '../util/collect.js'
 import { remembered } from '../util/lru.js'
 import { UpstreamError, upstreamError } from './errors.js'
+import { type Origin, OriginPool } from './origins.js'
+import { pooledHead, pooledSend } from './pooled.js'
 
-/** undici lives here: pooled keep-alive upstream connections, no redirect following. */
+/** undici lives here: pooled keep-alive upstream connections, no redirect following (body-less GET and HEAD go on OriginPool: pooled.ts). */
 export interface UpstreamRequest {
   url: string
   method: string
@@ -93,11 +95,17 @@ class Handler implements Dispatcher.DispatchHandler {
 interface Target {
   origin: string
   path: string
+  /** For the pooled path: the connection's origin (http or https only; null: undici's) and the Host header. */
+  pooled: Readonly<Origin> | null
+  authority: string
 }
 /** Where a request goes (agents call the same few URLs over and over: one parse each). */
 const targetOf = remembered((s: string): Target => {
   const u = new URL(s)
-  return Object.freeze({ origin: u.origin, path: u.pathname + u.search })
+  const https = u.protocol === 'https:'
+  const host = u.hostname.startsWith('[') ? u.hostname.slice(1, -1) : u.hostname
+  const pooled = https || u.protocol === 'http:' ? Object.freeze({ https, host, port: u.port ? Number(u.port) : https ? 443 : 80 }) : null
+  return Object.freeze({ origin: u.origin, path: u.pathname + u.search, pooled, authority: u.host })
 })
 
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g
@@ -131,6 +139,8 @@ function guardedConnector(egress: EgressGuard, base: buildConnector.connector): 
 
 export class Upstream {
   readonly dispatcher: Agent
+  /** Keep-alive connections for body-less GET and HEAD sends (pooled.ts); undici takes the rest. */
+  private readonly pool: OriginPool
   /** Upstream TLS trust, shared with the proxy's own connections; undefined: the system roots. */
   readonly secureContext: SecureContext | undefined
 
@@ -165,6 +175,7 @@ export class Upstream {
     this.secureContext = secureContext
     const base = buildConnector({ timeout: 10_000, ...(secureContext ? { secureContext } : {}) })
     this.dispatcher = new Agent({ keepAliveTimeout: 30_000, connections: 256, connect: guardedConnector(egress, base) })
+    this.pool = new OriginPool(secureContext, egress, timeoutMs)
   }
 
   /**
@@ -180,6 +191,11 @@ export class Upstream {
     } catch {
       return Promise.reject(new UpstreamError('network', `upstream request failed: invalid URL ${req.url}`))
     }
+    // Body-less GET and HEAD on the pooled path, when its one inactivity limit is the one asked for.
+    if (req.body === null && url.pooled && (req.method === 'GET' || req.method === 'HEAD') && timeout === this.timeoutMs) {
+      const head = pooledHead(req.method, url.path, url.authority, req.headers)
+      if (head !== null) return pooledSend(this.pool, url.pooled, head, req.method)
+    }
     return new Promise((resolve, reject) => {
       this.dispatcher.dispatch(
         { origin: url.origin, path: url.path, method: req.method as Dispatcher.HttpMethod, headers: req.headers, body: req.body, headersTimeout: timeout, bodyTimeout: timeout },
@@ -189,6 +205,7 @@ export class Upstream {
   }
 
   async close(): Promise<void> {
+    this.pool.close()
     await this.dispatcher.close()
   }
 }
