@@ -1,6 +1,6 @@
 import type { PaygateError } from '../errors/index.js'
 import { UpstreamError } from './errors.js'
-import type { Framing, ResponseHead } from './http1.js'
+import { HOP_BY_HOP, type Framing, type ResponseHead } from './http1.js'
 import { ExchangeBody, type Exchange, type ExchangeSink, type Origin, type OriginPool } from './origins.js'
 import type { UpstreamResponse } from './upstream.js'
 
@@ -14,8 +14,8 @@ import type { UpstreamResponse } from './upstream.js'
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 /** RFC 9110 field-value as undici sends it: visible ASCII, space, tab, obs-text. */
 const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/
-/** Headers that frame or route the request: set here (Host) or not at all on this path. */
-const FRAMING = new Set(['host', 'connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'content-length', 'upgrade', 'expect', 'te', 'trailer'])
+/** Headers that frame or route the request (the hop-by-hop ones, Host, Content-Length, Expect): set here (Host) or not at all on this path. */
+const FRAMING: ReadonlySet<string> = new Set([...HOP_BY_HOP, 'host', 'content-length', 'expect'])
 
 /**
  * The request head for `method path` with Host `authority` and `headers` as given, or null
