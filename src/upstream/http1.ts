@@ -9,8 +9,10 @@ const CRLFCRLF = Buffer.from('\r\n\r\n')
 /** Head larger than this: not the fast path's business (Node's parser answers 431). */
 export const MAX_HEAD = 16 * 1024
 
-/** RFC 9110 token characters (methods). */
-const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
+/** RFC 9110 token characters (methods, field names). */
+export const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
+/** A character an RFC 9110 field value may not hold as undici sends it (visible ASCII, space, tab and obs-text 0x80-0xFF are allowed). */
+export const BAD_FIELD_VALUE_CHAR = /[^\t\x20-\x7e\x80-\xff]/
 
 /** 1 for each RFC 9110 tchar (field names), by char code. */
 const TCHAR = new Uint8Array(128)

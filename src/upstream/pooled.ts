@@ -1,6 +1,6 @@
 import type { PaygateError } from '../errors/index.js'
 import { UpstreamError } from './errors.js'
-import { HOP_BY_HOP, type Framing, type ResponseHead } from './http1.js'
+import { BAD_FIELD_VALUE_CHAR, HOP_BY_HOP, TOKEN, type Framing, type ResponseHead } from './http1.js'
 import { ExchangeBody, type Exchange, type ExchangeSink, type Origin, type OriginPool } from './origins.js'
 import type { UpstreamResponse } from './upstream.js'
 
@@ -11,9 +11,6 @@ import type { UpstreamResponse } from './upstream.js'
  * path does not write as it is goes to undici, which refuses or frames it itself.
  */
 
-const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
-/** RFC 9110 field-value as undici sends it: visible ASCII, space, tab, obs-text. */
-const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/
 /** Headers that frame or route the request (the hop-by-hop ones, Host, Content-Length, Expect): set here (Host) or not at all on this path. */
 const FRAMING: ReadonlySet<string> = new Set([...HOP_BY_HOP, 'host', 'content-length', 'expect'])
 
@@ -26,7 +23,7 @@ export function pooledHead(method: string, path: string, authority: string, head
   let out = `${method} ${path} HTTP/1.1\r\nhost: ${authority}\r\n`
   for (const k in headers) {
     const v = headers[k]!
-    if (!TOKEN.test(k) || !FIELD_VALUE.test(v) || FRAMING.has(k.toLowerCase())) return null
+    if (!TOKEN.test(k) || BAD_FIELD_VALUE_CHAR.test(v) || FRAMING.has(k.toLowerCase())) return null
     out += `${k}: ${v}\r\n`
   }
   return `${out}\r\n`

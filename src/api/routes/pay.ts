@@ -3,6 +3,7 @@ import type { PaymentEngine } from '../../engine/engine.js'
 import { canonicalJson, nothingSigned, requestDigest, type Idempotency } from '../../engine/idempotency.js'
 import { PaygateError, invalid } from '../../errors/index.js'
 import { decodeContent } from '../../upstream/decode.js'
+import { BAD_FIELD_VALUE_CHAR, TOKEN } from '../../upstream/http1.js'
 import { collect } from '../../util/collect.js'
 import { jsonDepth } from '../../util/json-depth.js'
 import { remembered } from '../../util/lru.js'
@@ -19,9 +20,6 @@ const METHODS = new Set(['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIO
 const STRIPPED = new Set(['host', 'connection', 'keep-alive', 'proxy-authorization', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length', 'accept-encoding'])
 /** Headers undici refuses to send (it throws before connecting); those it also refuses and that are hop-by-hop are STRIPPED. */
 const REFUSED = new Set(['expect'])
-const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
-/** RFC 9110 field-value as undici sends it: visible ASCII, space, tab, and obs-text (0x80-0xFF, sent as those bytes). */
-const BAD_VALUE_CHAR = /[^\t\x20-\x7e\x80-\xff]/
 const MAX_DATA_BYTES = 10 * 1024 * 1024
 /**
  * How deeply the JSON `body` sent on to the target may nest (the request around it adds one
@@ -72,8 +70,8 @@ function parsePay(raw: unknown): PayBody {
   if (b.headers !== undefined) {
     if (typeof b.headers !== 'object' || b.headers === null || Array.isArray(b.headers)) throw invalid('headers', 'headers must be an object of strings')
     for (const [k, v] of Object.entries(b.headers)) {
-      if (typeof v !== 'string' || !HEADER_NAME.test(k)) throw invalid(`headers.${k}`, `header ${k} must be a valid name with a string value`)
-      const bad = BAD_VALUE_CHAR.exec(v)
+      if (typeof v !== 'string' || !TOKEN.test(k)) throw invalid(`headers.${k}`, `header ${k} must be a valid name with a string value`)
+      const bad = BAD_FIELD_VALUE_CHAR.exec(v)
       if (bad) {
         const char = `U+${bad[0].codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`
         throw invalid(`headers.${k}`, `header ${k} has ${char} at index ${bad.index}: a value may hold visible ASCII, space, tab and Latin-1 characters (U+0080 to U+00FF) only`)
