@@ -3,7 +3,10 @@
  * two trees (the other checkout, with its own node_modules, and this one), each with its
  * own gateway, embedded chain and merchant, measured in alternating windows of calls, so
  * both see the same moments of a shared machine (whole runs of one tree may differ by 2x
- * there). Prints the min, quartile and median of the per-window figures.
+ * there). Prints the min, quartile and median of the per-window figures, and each tree's CPU
+ * over the whole run (all threads, and the main thread), which also counts what a window's
+ * calls leave to do after it (LevelDB is written a second behind the log).
+ * BENCH_AB_ROUNDS and BENCH_AB_CALLS set the rounds (12) and the calls a window (200).
  */
 import { readFileSync, rmSync } from 'node:fs'
 import { join, resolve } from 'node:path'
@@ -11,7 +14,7 @@ import { Pool } from 'undici'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { cpuTimes, fmt, gatewayNodeArgs, spawnServer, throughput } from './lib.js'
+import { cpuTimes, fmt, gatewayNodeArgs, spawnServer, threadCpuMs, throughput } from './lib.js'
 
 type Spawn = typeof spawnGateway
 const ENV = {
@@ -49,6 +52,10 @@ async function side(spawn: Spawn, payTo: string, calls: number) {
       const t = await throughput(callers, calls, 60_000, paid)
       return ((cpuTimes({ g: [gw.proc.pid!] }).g! - c0.g!) / t.n) as number
     },
+    /** CPU ms used so far: all threads, the main thread. */
+    cpu(): [number, number] {
+      return [cpuTimes({ g: [gw.proc.pid!] }).g!, threadCpuMs(gw.proc.pid!, gw.proc.pid!)]
+    },
     async stop(): Promise<void> {
       await pool.close()
       merchant.kill('SIGTERM')
@@ -71,6 +78,8 @@ export async function benchPayAb(opts: { rounds: number; calls: number }): Promi
   const sides = { base: await side(spawnBase, payTo, opts.calls), this: await side(spawnGateway, payTo, opts.calls) }
   if (built !== undefined) process.env.PAYGATE_SPAWN_BUILT = built
   for (const s of Object.values(sides)) await throughput(4, 1500, 60_000, s.paid) // warm-up: JIT, pools, caches
+  await new Promise((r) => setTimeout(r, 3000)) // what the warm-up left to write
+  const start = { base: sides.base.cpu(), this: sides.this.cpu() }
   const got = { base: { one: [] as number[], many: [] as number[] }, this: { one: [] as number[], many: [] as number[] } }
   for (let r = 0; r < opts.rounds; r++) {
     // Every other round in reverse order: neither tree always goes first.
@@ -78,7 +87,13 @@ export async function benchPayAb(opts: { rounds: number; calls: number }): Promi
     for (const k of order) got[k].one.push(await sides[k].window(1))
     for (const k of order) got[k].many.push(await sides[k].window(16))
   }
+  await new Promise((r) => setTimeout(r, 3000)) // what the last windows left to write
+  const calls = 2 * opts.rounds * opts.calls
   console.log(`\n== gateway CPU ms per paid call, ${opts.rounds} alternating windows of ${opts.calls} calls (base: ${baseDir}) ==`)
+  for (const k of ['base', 'this'] as const) {
+    const [all, main] = sides[k].cpu()
+    console.log(`${k.padEnd(5)} whole run (${calls} calls, then 3 s idle): all threads ${fmt((all - start[k][0]) / calls, 3)}, main thread ${fmt((main - start[k][1]) / calls, 3)}`)
+  }
   for (const [k, g] of Object.entries(got)) {
     console.log(
       `${k.padEnd(5)} sequential: min ${quantile(g.one, 0)} p25 ${quantile(g.one, 0.25)} median ${quantile(g.one, 0.5)}; 16 callers: min ${quantile(g.many, 0)} p25 ${quantile(g.many, 0.25)} median ${quantile(g.many, 0.5)}`,

@@ -48,7 +48,7 @@ function benchDevnetScale(): Promise<void> {
  */
 const onRequest: Record<string, () => Promise<void>> = {
   'devnet-scale': benchDevnetScale,
-  'pay-ab': () => benchPayAb({ rounds: 12, calls: 200 }),
+  'pay-ab': () => benchPayAb({ rounds: Number(process.env.BENCH_AB_ROUNDS ?? 12), calls: Number(process.env.BENCH_AB_CALLS ?? 200) }),
   metrics: () =>
     benchMetrics({
       transactions: Number(process.env.BENCH_METRICS_TX ?? 1_000_000),
