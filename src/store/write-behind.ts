@@ -8,13 +8,16 @@ import type { Wal, WalOp } from './wal.js'
  */
 
 /**
- * How long logged batches wait to be written into LevelDB. A paid record is rewritten when its
- * ledger record is confirmed, about 0.3-0.9 s later, and its outbox entry deleted: a second
- * apart, the two writes of each mostly land in one slice (one put, a delete instead of a put).
+ * How long a logged batch waits before it is written into LevelDB. A key it writes that a
+ * batch logged meanwhile writes again is left to that batch: a paid record is rewritten when
+ * its ledger record is confirmed, about 0.3-0.9 s later, and its outbox entry, pending-status
+ * index and metrics delta are deleted again, so each payment reaches LevelDB about once.
  */
 export const APPLY_DELAY_MS = 1000
 /** Distinct keys per LevelDB write: encoding them is main-thread work, so a large backlog is written in slices. */
 const APPLY_CHUNK = 512
+/** How much of the log ripens between LevelDB writes, as a share of the delay: each write takes all of it, in slices. */
+const APPLY_GATHER = 0.1
 
 /** A logged value not yet in LevelDB (`value` undefined: deleted), with the batch that wrote it. */
 export interface Logged {
@@ -95,8 +98,13 @@ export class WriteBehind {
   /** sequence number of the last staged (or logged) batch, and of the last one in LevelDB */
   private seq = 0
   private appliedSeq = 0
+  /** sequence number of the last logged batch */
+  private loggedSeq = 0
   private readonly overlay = new Map<string, Logged>()
-  private toApply: { seq: number; ops: WalOp[] }[] = []
+  /** logged batches not yet in LevelDB, with when they were logged (`performance.now()`) */
+  private toApply: { seq: number; ops: WalOp[]; at: number }[] = []
+  /** Keys created by a fresh put that LevelDB has not been given: a newer logged state replaced it (see `apply`). */
+  private readonly unwritten = new Set<string>()
   private applying = false
   private applyTimer: NodeJS.Timeout | null = null
   private waiters: { seq: number; resolve: () => void; reject: (e: unknown) => void }[] = []
@@ -179,8 +187,10 @@ export class WriteBehind {
       for (const b of group) b.reject(e)
       return
     }
+    this.loggedSeq = group[group.length - 1]!.seq
+    const at = performance.now()
     for (const b of group) {
-      this.toApply.push({ seq: b.seq, ops: b.ops })
+      this.toApply.push({ seq: b.seq, ops: b.ops, at })
       if (b.logged) for (const f of b.logged) f()
       b.resolve()
     }
@@ -208,7 +218,10 @@ export class WriteBehind {
     }
   }
 
-  /** Start writing into LevelDB after `applyDelayMs`, or `now` (someone waits for it). */
+  /**
+   * Start writing into LevelDB when the oldest logged batch is `applyDelayMs` old and a tenth
+   * of that more has ripened (a write a turn would cost more per key), or `now` (someone waits).
+   */
   private scheduleApply(now: boolean): void {
     if (this.applying || !this.toApply.length) return
     if (now && this.applyTimer) {
@@ -222,29 +235,53 @@ export class WriteBehind {
       void this.apply()
     }
     if (now) start()
-    else this.applyTimer = setTimeout(start, this.applyDelayMs)
+    else this.applyTimer = setTimeout(start, Math.max(0, this.toApply[0]!.at + (1 + APPLY_GATHER) * this.applyDelayMs - performance.now()))
   }
 
   /**
-   * Write what is logged into LevelDB: up to APPLY_CHUNK ops per write, a key written
-   * several times only in its last state. Retried until it works or the store closes.
+   * Take out of `merged` the keys a logged batch after `last` writes again (that batch's slice
+   * writes them), unless a range read waits: it must find LevelDB holding each key as of the
+   * batch it waits for. A range read that begins later waits for those newer batches too. Keys
+   * LevelDB does not have (created fresh in the slice, or `unwritten`) are returned: still
+   * absent from it afterwards. A newer batch only staged is not counted, as its log write may fail.
+   */
+  private supersede(merged: Map<string, string | undefined | null>, last: number, created: Set<string>): string[] {
+    const absent: string[] = []
+    if (this.waiters.length || this.closing) return absent
+    for (const key of merged.keys()) {
+      const seq = this.overlay.get(key)?.seq ?? 0
+      if (seq <= last || seq > this.loggedSeq) continue
+      merged.delete(key)
+      if (created.has(key) || this.unwritten.has(key)) absent.push(key)
+    }
+    return absent
+  }
+
+  /**
+   * Write what is logged into LevelDB once `applyDelayMs` old (at once when someone waits):
+   * up to APPLY_CHUNK ops per write, a key written several times only in its last state, a
+   * key written again by a newer logged batch not at all (`supersede`). Retried until it works
+   * or the store closes.
    */
   private async apply(): Promise<void> {
     while (this.toApply.length) {
+      const ripe = this.waiters.length || this.closing ? Number.POSITIVE_INFINITY : performance.now() - this.applyDelayMs
+      if (this.toApply[0]!.at > ripe) break
       // A slice is counted in distinct keys: batches that rewrite the same keys share one. A key
       // created in the slice (a fresh put) and deleted again in it has nothing to write (null):
       // a pending payment's status index entries, a ledger record's outbox entry.
       const merged = new Map<string, string | undefined | null>()
       const created = new Set<string>()
       let n = 0
-      while (n < this.toApply.length && (n === 0 || merged.size + this.toApply[n]!.ops.length <= APPLY_CHUNK)) {
+      while (n < this.toApply.length && this.toApply[n]!.at <= ripe && (n === 0 || merged.size + this.toApply[n]!.ops.length <= APPLY_CHUNK)) {
         for (const [key, value, fresh] of this.toApply[n++]!.ops) {
-          merged.set(key, value === undefined && created.has(key) ? null : value)
+          merged.set(key, value === undefined && (created.has(key) || this.unwritten.has(key)) ? null : value)
           if (fresh) created.add(key)
         }
       }
       const group = this.toApply.splice(0, n)
       const last = group[group.length - 1]!.seq
+      const absent = this.supersede(merged, last, created)
       this.inApply = { merged, last }
       for (let delay = 50; ; delay = Math.min(2 * delay, 2000)) {
         try {
@@ -267,13 +304,15 @@ export class WriteBehind {
       }
       this.appliedSeq = last
       this.inApply = null
-      for (const key of merged.keys()) if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
+      for (const key of merged.keys()) {
+        this.unwritten.delete(key)
+        if (this.overlay.get(key)!.seq <= last) this.overlay.delete(key)
+      }
+      for (const key of absent) this.unwritten.add(key)
       this.wal.retire(last)
       this.release(last)
-      // What was logged meanwhile waits its own delay, unless someone waits for it or a
-      // backlog of a full slice or more has built up (then other work runs between slices).
+      // Other work runs between slices, unless someone waits for them.
       if (this.waiters.length || this.closing) continue
-      if (this.toApply.reduce((k, b) => k + b.ops.length, 0) < APPLY_CHUNK) break
       await new Promise((r) => setImmediate(r))
     }
     this.applying = false

@@ -378,3 +378,124 @@ t.test('a fresh key deleted before LevelDB is written is never written there; on
   for await (const [k] of again.collection<string>('things').entries()) keys.push(k)
   t.same(keys, [], 'nothing comes back after a restart')
 })
+
+/** Keys `f000`... as puts of `value`: `n` of them fill a LevelDB write (512 distinct keys) but for what a test adds. */
+const fillers = (c: BatchOp['coll'], n: number, value: string): BatchOp[] => Array.from({ length: n }, (_, i) => ({ type: 'put', coll: c, key: `f${String(i).padStart(3, '0')}`, value }))
+
+/** Resolves once `key` (full) has left the overlay, i.e. LevelDB holds it, without waiting as a range read would. */
+async function appliedKey(store: LevelStore, key: string): Promise<void> {
+  for (let i = 0; i < 500 && store.logged(key); i++) await new Promise((r) => setTimeout(r, 10))
+  if (store.logged(key)) throw new Error(`${key} was not written into LevelDB in 5 s`)
+}
+
+t.test('a key a newer logged batch writes again is left to that batch: LevelDB is written each key once', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  const store = await LevelStore.open(dir, { applyDelayMs: 20 })
+  const c = store.collection<string>('things')
+  const level = watchLevel(store)
+  // The first batch fills one LevelDB write, so the second is written in the next one.
+  const first = store.batch([
+    ...fillers(c, 509, 'x'),
+    { type: 'put', coll: c, key: 'rec', value: 'pending', fresh: true },
+    { type: 'put', coll: c, key: 'out', value: 'queued', fresh: true },
+    { type: 'put', coll: c, key: 'old', value: 'kept' },
+  ])
+  const second = store.batch([
+    { type: 'put', coll: c, key: 'rec', value: 'paid' },
+    { type: 'del', coll: c, key: 'out' },
+    { type: 'del', coll: c, key: 'old' },
+  ])
+  await Promise.all([first, second])
+  await appliedKey(store, '!things!rec')
+  t.same(
+    level.map((ops) => ops.filter((o) => !o.key.startsWith('!things!f')).map((o) => `${o.type} ${o.key.replace('!things!', '')} ${o.value ?? ''}`.trim())),
+    [[], ['put rec "paid"', 'del old']],
+    'two writes: the fillers, then the record in its last state; the fresh key deleted later is never written, a key LevelDB may have is deleted',
+  )
+  t.equal(level[0]!.length, 509)
+  t.same(await c.getMany(['rec', 'out', 'old', 'f000']), ['paid', undefined, undefined, 'x'])
+  await store.close()
+  const again = await LevelStore.open(dir)
+  t.teardown(() => again.close())
+  t.same(await again.collection<string>('things').getMany(['rec', 'out', 'old', 'f508']), ['paid', undefined, undefined, 'x'], 'the same after a restart')
+})
+
+t.test('a range read waiting for a batch finds each key as of that batch, though a newer logged batch writes it again', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  const store = await LevelStore.open(dir, { applyDelayMs: 600_000 })
+  const c = store.collection<string>('things')
+  await store.batch([{ type: 'put', coll: c, key: 'z', value: 'first' }])
+  // LevelDB's first write is held until both batches below are logged; the third (the newer batch's) until the range read is done.
+  const db = (store as unknown as { db: { batch: (...a: unknown[]) => Promise<void> } }).db
+  const dbBatch = db.batch.bind(db)
+  const gate = () => {
+    let resolve!: () => void
+    const promise = new Promise<void>((r) => (resolve = r))
+    return { promise, resolve }
+  }
+  const gates = [gate(), gate()]
+  let calls = 0
+  db.batch = async (...a: unknown[]) => {
+    const n = calls++
+    if (n === 0) await gates[0]!.promise
+    if (n === 2) await gates[1]!.promise
+    return dbBatch(...a)
+  }
+  const flying = store.settled()
+  // A batch that fills one LevelDB write: the newer one below is left to the next.
+  await store.batch([...fillers(c, 511, 'x'), { type: 'put', coll: c, key: 'rec', value: 'pending', fresh: true }])
+  const it = c.entries()[Symbol.asyncIterator]()
+  const firstEntry = it.next() // begins the range read: it waits for the batch above
+  await store.batch([{ type: 'put', coll: c, key: 'rec', value: 'paid' }])
+  gates[0]!.resolve()
+  await flying
+  const seen = new Map<string, string>()
+  for (let r = await firstEntry; !r.done; r = await it.next()) seen.set(r.value[0], r.value[1])
+  gates[1]!.resolve()
+  t.equal(seen.size, 513, 'every key of the batches it waited for')
+  t.equal(seen.get('rec'), 'pending', 'the record as of the batch it waited for; the newer state is not yet in LevelDB')
+  await store.settled()
+  t.equal(await c.get('rec'), 'paid')
+  await store.close()
+})
+
+t.test('a key left to a newer batch is not lost when the process dies after the older batch reached LevelDB', async (t) => {
+  const dir = testDir(t, 'paygate-wal-')
+  // The first batch fills a log file and a LevelDB write; its record is left to the second,
+  // logged in the next file. The process dies as LevelDB is given the second.
+  const script = `
+    import { readdirSync } from 'node:fs'
+    import { LevelStore } from './src/store/index.ts'
+    const store = await LevelStore.open(process.argv[1], { applyDelayMs: 20, walMaxBytes: 1024 })
+    const db = store.db
+    const dbBatch = db.batch.bind(db)
+    let calls = 0
+    const say = (o) => process.stdout.write(JSON.stringify(o) + '\\n')
+    db.batch = (...a) => {
+      if (++calls === 1) say({ first: a[0].length, rec: a[0].some((o) => o.key.endsWith('!rec')) })
+      else {
+        say({ logs: readdirSync(process.argv[1] + '/wal').length })
+        process.kill(process.pid, 'SIGKILL')
+      }
+      return dbBatch(...a)
+    }
+    const c = store.collection('things')
+    const fill = Array.from({ length: 511 }, (_, i) => ({ type: 'put', coll: c, key: 'f' + i, value: 'x' }))
+    await store.batch([...fill, { type: 'put', coll: c, key: 'rec', value: 'pending', fresh: true }])
+    await store.batch([{ type: 'put', coll: c, key: 'rec', value: 'paid' }])
+    await new Promise((r) => setTimeout(r, 5000))`
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script, dir], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 })
+  t.equal(r.signal, 'SIGKILL', r.stderr)
+  t.same(
+    r.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l)),
+    [{ first: 511, rec: false }, { logs: 1 }],
+    'LevelDB got the fillers without the record, and the first log file was removed then',
+  )
+  const again = await LevelStore.open(dir)
+  t.teardown(() => again.close())
+  const c = again.collection<string>('things')
+  t.same(await c.getMany(['rec', 'f0', 'f510']), ['paid', 'x', 'x'], 'the record in its last state, from the log')
+})
