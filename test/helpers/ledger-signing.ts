@@ -65,10 +65,13 @@ export function madeTogether(t: Test, calls: ReturnType<typeof watchSigning>, ha
   )
 }
 
-/** A lone payment (`txHash` its answer's): its record made once, ahead on the main thread while the retry was on the wire. */
+/**
+ * A lone payment (`txHash` its answer's): its record made once on the main thread, ahead while
+ * the retry was on the wire, or when the answer came first, as it is recorded.
+ */
 export function madeAhead(t: Test, calls: ReturnType<typeof watchSigning>, txHash: Hex): void {
   t.equal(calls.ahead, 1, 'asked to make it ahead')
-  t.equal(calls.mainBeforeRecord, 1, 'the record was already made when the paid answer came to be recorded')
+  t.ok(calls.mainBeforeRecord === 0 || calls.mainBeforeRecord === 1, `made before or as the paid answer was recorded (${calls.mainBeforeRecord} before)`)
   t.same(calls.onMain, [txHash], "made once, and its hash is the answer's txHash")
   t.same(calls.inGroups, [], 'nothing asked of the signing thread')
 }

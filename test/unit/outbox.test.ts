@@ -39,6 +39,8 @@ class FakeWriter {
   }
   /** Every signature made: [entry id, nonce]. */
   readonly signs: [Hex, number][] = []
+  /** The size of each group request (`signMany`). */
+  readonly groups: number[] = []
   sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
     this.signs.push([e.id, Number(nonce)])
     const hash = hashOf(nonce)
@@ -47,6 +49,7 @@ class FakeWriter {
   }
   /** Signing requests (as LedgerWriter.signMany: asynchronous, one per group). */
   async signMany(items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<{ raw: Hex; hash: Hex }[]> {
+    this.groups.push(items.length)
     return items.map((i) => this.sign(i.entry, i.nonce))
   }
   async close(): Promise<void> {}
@@ -257,9 +260,9 @@ t.test('a record signed ahead is stored with that signature when it gets the non
   const o = await open(t, writer)
   t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
   const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
-  const put = (i: number): Promise<Hex> => {
+  const put = (i: number, e = entry(i)): Promise<Hex> => {
     const r = recordOf(i)
-    return o.outbox.record(entry(i), r.id, (hash) => o.transactions.ops({ ...r, txHash: hash, ledger: { status: 'queued' } }))
+    return o.outbox.record(e, r.id, (hash) => o.transactions.ops({ ...r, txHash: hash, ledger: { status: 'queued' } }))
   }
 
   // Signed ahead with nonce 0, then recorded: no second signature, and the hash of nonce 0.
@@ -301,11 +304,21 @@ t.test('a record signed ahead is stored with that signature when it gets the non
   await tick()
   t.same(writer.signs.slice(6), [[entry(4).id, 4]], 'only the waiting record was signed')
 
+  // Recorded before the turn its signature ahead waited for (the retry's answer came first):
+  // signed once, at once, not as a group request; the turn then signs nothing.
+  const groups = writer.groups.length
+  const e6 = entry(6) // the same entry, as the deliver stage passes it
+  o.outbox.signAhead(e6)
+  t.equal(await put(6, e6), hashOf(5n))
+  await tick()
+  t.same(writer.signs.slice(7), [[entry(6).id, 5]], 'signed once')
+  t.equal(writer.groups.length, groups, 'no group request')
+
   writer.mined = true
   t.ok(await o.outbox.drain(10_000), 'every record confirmed')
   t.same(
     writer.broadcasts.flat().sort((a, b) => a - b),
-    [0, 1, 2, 3, 4],
+    [0, 1, 2, 3, 4, 5],
     'consecutive nonces, each sent',
   )
 })
