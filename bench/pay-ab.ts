@@ -5,7 +5,8 @@
  * both see the same moments of a shared machine (whole runs of one tree may differ by 2x
  * there). Prints the min, quartile and median of the per-window figures, and each tree's CPU
  * over the whole run (all threads, and the main thread), which also counts what a window's
- * calls leave to do after it (LevelDB is written a second behind the log).
+ * calls leave to do after it (LevelDB is written a second behind the log). Then the paid
+ * latency of both, one call to each in turn (BENCH_AB_LATENCY calls each, 2,000).
  * BENCH_AB_ROUNDS and BENCH_AB_CALLS set the rounds (12) and the calls a window (200).
  */
 import { readFileSync, rmSync } from 'node:fs'
@@ -14,7 +15,7 @@ import { Pool } from 'undici'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { tempDir } from '../test/helpers/gateway.js'
 import { call, spawnGateway } from '../test/helpers/process.js'
-import { cpuTimes, fmt, gatewayNodeArgs, spawnServer, threadCpuMs, throughput } from './lib.js'
+import { cpuTimes, fmt, gatewayNodeArgs, spawnServer, threadCpuMs, throughput, timeAlternating } from './lib.js'
 
 type Spawn = typeof spawnGateway
 const ENV = {
@@ -99,5 +100,7 @@ export async function benchPayAb(opts: { rounds: number; calls: number }): Promi
       `${k.padEnd(5)} sequential: min ${quantile(g.one, 0)} p25 ${quantile(g.one, 0.25)} median ${quantile(g.one, 0.5)}; 16 callers: min ${quantile(g.many, 0)} p25 ${quantile(g.many, 0.25)} median ${quantile(g.many, 0.5)}`,
     )
   }
+  const [b, n] = await timeAlternating(Number(process.env.BENCH_AB_LATENCY ?? 2000), 120_000, sides.base.paid, sides.this.paid)
+  console.log(`paid latency, one call to each in turn (n=${b.n}): base p50 ${fmt(b.p50, 3)} ms p99 ${fmt(b.p99, 3)} ms; this p50 ${fmt(n.p50, 3)} ms p99 ${fmt(n.p99, 3)} ms`)
   for (const s of Object.values(sides)) await s.stop()
 }
