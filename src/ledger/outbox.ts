@@ -197,8 +197,8 @@ export class Outbox {
         if (this.shared) {
           nonce = await this.storeShared(group, batch, hashes, stored)
         } else {
-          // The retry's answer was read before the turn signAhead waited for (on loopback it
-          // often is): the lone record is signed here rather than sent to the signing thread.
+          // The retry's answer was read before the turn signAhead waited for (a fast target on
+          // loopback): the lone record is signed here, not sent to the signing thread and back.
           if (group.length === 1 && this.aheadAsked === group[0]!.entry) {
             this.aheadAsked = null
             this.signing.signAhead(group[0]!.entry, nonce)
