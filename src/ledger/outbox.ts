@@ -71,8 +71,6 @@ export class Outbox {
   private pumping: Promise<void> | null = null
   private closed = false
   private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
-  /** The entry `signAhead` was last asked for, until its turn comes or `flush` signs it. */
-  private aheadAsked: LedgerEntry | null = null
   /** Which signature each record gets: one made ahead, or the signing thread's. */
   private readonly signing: RecordSigning
 
@@ -166,9 +164,9 @@ export class Outbox {
   }
 
   /**
-   * Sign `entry` now, with the nonce it gets if it is the next record stored: the caller is
-   * waiting on the network (the paid retry) and, when it is paid, record() finds the
-   * signature done, a signature less on the paid path. Only when no record waits to be
+   * Sign `entry` while the caller waits on the network (the paid retry), with the nonce it
+   * gets if it is the next record stored: when it is paid, record() finds the signature done,
+   * a signature less on the paid path (RecordSigning.askAhead). Only when no record waits to be
    * stored: under load, nonces go in completion order and a guess would often be wrong.
    * A guess that does not hold (another record took the nonce, the fees changed, the
    * payment failed) is dropped unused; nothing signed ahead is stored or sent.
@@ -176,14 +174,7 @@ export class Outbox {
   signAhead(entry: LedgerEntry): void {
     // Shared: the next nonce is another replica's as often as ours, a guess would rarely hold.
     if (this.closed || this.queue.length || this.shared) return
-    this.aheadAsked = entry
-    // After the caller's request is written (undici writes a reused socket's request on an immediate too).
-    setImmediate(() => {
-      if (this.aheadAsked !== entry) return
-      this.aheadAsked = null
-      if (this.closed || this.queue.length) return
-      this.signing.signAhead(entry, this.nextNonce)
-    })
+    this.signing.askAhead(entry, () => (this.closed || this.queue.length ? null : this.nextNonce))
   }
 
   private async flush(): Promise<void> {
@@ -197,12 +188,6 @@ export class Outbox {
         if (this.shared) {
           nonce = await this.storeShared(group, batch, hashes, stored)
         } else {
-          // The retry's answer was read before the turn signAhead waited for (a fast target on
-          // loopback): the lone record is signed here, not sent to the signing thread and back.
-          if (group.length === 1 && this.aheadAsked === group[0]!.entry) {
-            this.aheadAsked = null
-            this.signing.signAhead(group[0]!.entry, nonce)
-          }
           nonce = await this.signGroup(group, nonce, batch, hashes, stored)
           await this.store.batch(batch)
         }

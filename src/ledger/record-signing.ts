@@ -14,11 +14,14 @@ const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
 /**
  * Which transaction each of the outbox's records gets (signed, or unsigned for the embedded
  * chain: LedgerWriter): the one made ahead for it (a lone payment's, while its retry was on the
- * wire), when it still holds; else the signing thread's, one request a group.
+ * wire, or as it is stored if its answer came first), when it still holds; else the signing
+ * thread's, one request a group.
  */
 export class RecordSigning {
   /** A record signed ahead, with the nonce and stamp it was signed under. */
   private ahead: { entry: LedgerEntry; nonce: bigint; stamp: string; signed: LedgerTx } | null = null
+  /** The entry `askAhead` was last given, until its turn comes or `signAll` makes it. */
+  private asked: LedgerEntry | null = null
 
   constructor(private readonly writer: LedgerWriter) {}
 
@@ -35,6 +38,23 @@ export class RecordSigning {
     }
   }
 
+  /**
+   * Sign `entry` ahead on the next turn of the event loop, after the caller's request is written
+   * (undici writes a reused socket's request on an immediate too), under the nonce `nonce()`
+   * gives then (null: not at all). If the record is stored first (the answer was read before
+   * that turn: a fast target on loopback), `signAll` makes it at once, on this thread, rather
+   * than sending it to the signing thread and back.
+   */
+  askAhead(entry: LedgerEntry, nonce: () => bigint | null): void {
+    this.asked = entry
+    setImmediate(() => {
+      if (this.asked !== entry) return
+      this.asked = null
+      const n = nonce()
+      if (n !== null) this.signAhead(entry, n)
+    })
+  }
+
   /** Records up to (not including) `next` are stored: a guess below it can no longer hold. */
   passed(next: bigint): void {
     if (this.ahead && this.ahead.nonce < next) this.ahead = null
@@ -42,6 +62,10 @@ export class RecordSigning {
 
   /** The transactions of `entries` under the nonces from `from` on. */
   async signAll(entries: readonly LedgerEntry[], from: bigint): Promise<LedgerTx[]> {
+    if (entries.length === 1 && this.asked === entries[0]) {
+      this.asked = null
+      this.signAhead(entries[0]!, from)
+    }
     const out: LedgerTx[] = []
     const rest: { entry: LedgerEntry; nonce: bigint }[] = []
     const restAt: number[] = []
