@@ -12,6 +12,7 @@ import { benchPeers } from './peers.js'
 import { benchProxy } from './proxy.js'
 import { benchReplicas } from './replicas.js'
 import { benchTree } from './tree.js'
+import { benchUsage } from './usage.js'
 
 /** The devnet soak runs in its own process, so its memory figures are its own. */
 function benchDevnet(): Promise<void> {
@@ -29,6 +30,7 @@ const benches: Record<string, () => Promise<void>> = {
   peers: () => benchPeers(5, 4),
   devnet: benchDevnet,
   tree: () => benchTree({ nodes: 1000, reads: 50, maxMs: 10_000 }),
+  usage: async () => benchUsage({ payments: 2000, windows: 15, maxMs: 20_000 }),
   alerts: () => benchAlerts({ calls: 1000, maxMs: 15_000, refusals: 2000 }),
   // Skipped, saying so, where no PostgreSQL server is installed.
   replicas: () => benchReplicas({ agents: 16, warmup: 1000, warmupMs: 4000, rounds: 3, sequential: 100, sequentialMs: 1500, concurrent: 2000, concurrentMs: 3000, drainMs: 4000 }),

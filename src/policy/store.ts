@@ -83,9 +83,10 @@ export class PolicyStore {
    */
   usageOp(agentId: string, u: UsageState): BatchOp {
     if (!this.cached) return { type: 'put', coll: this.usage, key: agentId, value: storedUsage(u) }
+    const before = this.usageCache.get(agentId)
     this.usageCache.set(agentId, u)
     // `value` is only a fallback (both backends log `latest`); in the array form it reads back the same.
-    return { type: 'put', coll: this.usage, key: agentId, value: u, latest: () => storedUsage(this.usageCache.get(agentId) ?? u) }
+    return { type: 'put', coll: this.usage, key: agentId, value: u, latest: () => storedUsage(this.usageCache.get(agentId) ?? u, before) }
   }
 
   private async readUsage(agentId: string): Promise<UsageState> {

@@ -6,7 +6,7 @@
  */
 export const DAY_MS = 24 * 60 * 60 * 1000
 export const HOUR_MS = 60 * 60 * 1000
-const MINUTE_MS = 60_000
+export const MINUTE_MS = 60_000
 
 /**
  * Payment timestamps kept whatever the rate limit (at least; `commit` keeps the limit's
@@ -66,7 +66,8 @@ export const paymentHeldAmount = (u: UsageState): bigint => (u.holds ?? []).redu
 /** Payments in flight (cap holds are not payments: the rate limit does not count them). */
 export const paymentsInFlight = (u: UsageState): number => (u.holds ?? []).reduce((n, h) => (h.cap ? n : n + 1), 0)
 
-type Buckets = [number, number][]
+/** `[startMs, count]`, a start a whole number of bucket sizes since the epoch. */
+export type Buckets = [number, number][]
 
 /**
  * Count one event at `now` in `[startMs, count]` buckets of `sizeMs`, dropping buckets that
