@@ -18,16 +18,17 @@ export function benchUsage(opts: { payments: number; windows: number; maxMs: num
   }
   const history = u
   const start = now
-  /** The window's payments, made afresh from the history (nothing cached in a window helps the next): each one's hold and commit. */
-  const payments = (): [held: UsageState, paid: UsageState][] => {
+  /** The window's payments, made afresh from the history (nothing cached in a window helps the next): each one's usage before it, its hold and its commit. */
+  const payments = (): [before: UsageState, held: UsageState, paid: UsageState][] => {
     let v = structuredClone(history)
     let at = start
-    const out: [UsageState, UsageState][] = []
+    const out: [UsageState, UsageState, UsageState][] = []
     for (let i = 0; i < opts.payments; i++) {
       at += 1000
       const held = hold(v, { id: `p${i}`, amount: '10000', at })
-      v = commit(held, `p${i}`, at, 0)
-      out.push([held, v])
+      const paid = commit(held, `p${i}`, at, 0)
+      out.push([v, held, paid])
+      v = paid
     }
     return out
   }
@@ -36,14 +37,12 @@ export function benchUsage(opts: { payments: number; windows: number; maxMs: num
   const window = (which: 0 | 1): number => {
     const copies = payments()
     const t0 = performance.now()
-    let before = copies[0]![0]
     let n = 0
-    for (const [held, paid] of copies) {
+    for (const [before, held, paid] of copies) {
       n +=
         which === 0
           ? JSON.stringify(storedUsage(held, before)).length + JSON.stringify(storedUsage(paid, held)).length
           : JSON.stringify(earlierForm(held)).length + JSON.stringify(earlierForm(paid)).length
-      before = paid
     }
     const ms = performance.now() - t0
     bytes[which] = n / (2 * copies.length)
