@@ -53,26 +53,33 @@ const encoded = new WeakMap<readonly unknown[], string>()
 
 /** `list` as gaps (cached), from the encoding of the list it was made from when that is known; the list itself if an entry is not valid. */
 function encodeList<E>(list: E[], g: Gaps<E>, before?: E[]): string | E[] {
-  let s = encoded.get(list)
+  let s: string | null | undefined = encoded.get(list)
   if (s !== undefined) return s
-  if (!list.every(g.valid)) return list
   s = (before && derived(list, g, before)) ?? whole(list, g, 0, '')
+  if (s === null) return list
   encoded.set(list, s)
   return s
 }
 
-/** Entries `from` on appended to `s` (which ends with entry `from - 1`, or is empty when `from` is 0). */
-function whole<E>(list: readonly E[], g: Gaps<E>, from: number, s: string): string {
-  for (let i = from; i < list.length; i++) s += i ? `,${g.next(list[i]!, list[i - 1]!)}` : g.first(list[i]!)
+/**
+ * Entries `from` on appended to `s` (which ends with entry `from - 1`, or is empty when `from`
+ * is 0); null if one of them is not valid. Entries before `from` were checked when `s` was made.
+ */
+function whole<E>(list: readonly E[], g: Gaps<E>, from: number, s: string): string | null {
+  for (let i = from; i < list.length; i++) {
+    if (!g.valid(list[i]!)) return null
+    s += i ? `,${g.next(list[i]!, list[i - 1]!)}` : g.first(list[i]!)
+  }
   return s
 }
 
 /**
  * The encoding of `list` cut from that of `before` where they share a run of entries, and the
  * rest appended: a commit drops the oldest entries and adds or updates the newest, so writing
- * a commit's usage formats a number or two, not every one. Undefined when they share none.
+ * a commit's usage formats a number or two, not every one. Undefined when they share none;
+ * null when a new entry is not valid (the shared ones are: `before` has an encoding).
  */
-function derived<E>(list: readonly E[], g: Gaps<E>, before: readonly E[]): string | undefined {
+function derived<E>(list: readonly E[], g: Gaps<E>, before: readonly E[]): string | null | undefined {
   const prev = encoded.get(before)
   if (prev === undefined || !list.length) return undefined
   let d = 0
