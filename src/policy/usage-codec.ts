@@ -55,7 +55,9 @@ const encoded = new WeakMap<readonly unknown[], string>()
 function encodeList<E>(list: E[], g: Gaps<E>, before?: E[]): string | E[] {
   let s: string | null | undefined = encoded.get(list)
   if (s !== undefined) return s
-  s = (before && derived(list, g, before)) ?? whole(list, g, 0, '')
+  // (derived's null, a new entry not valid, is final: `??` would encode the whole list again to find it)
+  const cut = before ? derived(list, g, before) : undefined
+  s = cut === undefined ? whole(list, g, 0, '') : cut
   if (s === null) return list
   encoded.set(list, s)
   return s

@@ -23,6 +23,11 @@ t.test('times that are not whole milliseconds stay an array', async (t) => {
   const u: UsageState = { periodStart: base, spent: '1', payments: [base + 0.1, base + 0.3] }
   t.same(storedUsage(u).payments, u.payments)
   t.same(usageFromStore(JSON.parse(JSON.stringify(storedUsage(u)))), u)
+  // and one such time added to a list already encoded: the new list stays an array too
+  const whole: UsageState = { periodStart: base, spent: '1', payments: [base, base + 1000] }
+  t.equal(storedUsage(whole).payments, `${base},1000`)
+  const next: UsageState = { ...whole, payments: [...whole.payments, base + 1500.5] }
+  t.same(storedUsage(next, whole).payments, next.payments)
 })
 
 t.test('usage of an earlier version, with its times and buckets as arrays, is read as it is', async (t) => {
