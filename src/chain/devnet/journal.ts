@@ -1,7 +1,7 @@
 import * as fs from 'node:fs'
 import { journalPath, type SnapshotMeta, writeSnapshot } from './data-dir.js'
 import type { AnvilNode } from './node.js'
-import { type CutDump, HeaderCut, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
+import { type BlocksBetween, type CutDump, HeaderCut, POOL_RESET_LINE, resendPool, TRIM_KEEP_HEADERS, trimAnvil } from './trim.js'
 import { type DevnetLog, DevnetUnavailableError } from './types.js'
 
 /** `as`: the account Paygate impersonates to send it (see RpcFront.sendLedger), again before a replay sends it. */
@@ -128,9 +128,11 @@ export class Journal {
    * start the next journal, in the order they were sent, and a replay sends them again before
    * what came after (mining them first held the chain for a whole block more). Sends that come
    * while anvil dumps go on beside it (`AnvilNode.send`): they are pending at the switch, so they
-   * start the next journal too. Only blocks (and setters) wait for the dump.
+   * start the next journal too. Only blocks (and setters) wait for the dump. After a trim the
+   * next journal starts with the pool's reset instead, and the txs are sent again and journalled
+   * one by one, with `blocks` between them (`resendPool`); the snapshot is written only after.
    */
-  async snapshot(node: AnvilNode): Promise<void> {
+  async snapshot(node: AnvilNode, blocks?: BlocksBetween): Promise<void> {
     const t = performance.now()
     const cpu0 = this.opts.anvilCpuMs()
     // sends go on beside the dump (they fill the pool, which it does not hold), and beside the
@@ -142,15 +144,17 @@ export class Journal {
         return { state, cut: await cutter?.cut(state) }
       })
       .finally(() => cutter?.close())
-    const trimmed = cut ? await this.trim(node, cut) : undefined
+    const reloadMs = cut ? await this.trim(node, cut) : 0
+    const sm: SnapshotMeta = { offset: this.offset, blocks: node.blocks, at: new Date().toISOString(), trimmedAt: this.trimmedAt }
+    const waiting = [...node.pending.values()]
     const next = this.gen + 1
     // the next journal starts with the txs still waiting in the mempool (e.g. nonce gaps)
-    fs.writeFileSync(journalPath(this.opts.dir, next), [...node.pending.values()].map((l) => `${l}\n`).join(''))
+    fs.writeFileSync(journalPath(this.opts.dir, next), cut ? `${POOL_RESET_LINE}\n` : waiting.map((l) => `${l}\n`).join(''))
     fs.closeSync(this.fd)
     this.fd = fs.openSync(journalPath(this.opts.dir, next), 'a')
     this.gen = next
-    this.tail = { entries: node.pending.size, fresh: 0, costMs: 0 }
-    const sm: SnapshotMeta = { offset: this.offset, blocks: node.blocks, at: new Date().toISOString(), trimmedAt: this.trimmedAt }
+    this.tail = { entries: cut ? 1 : waiting.length, fresh: 0, costMs: 0 }
+    if (cut) await this.resend(node, waiting, { cutMs: cut.ms, reloadMs }, blocks)
     const ms = Math.round(performance.now() - t)
     this.snapshots++
     this.snapshotMs.push(ms)
@@ -161,7 +165,7 @@ export class Journal {
     const log = this.opts.log
     this.commits = this.commits
       .then(async () => {
-        this.stateMb = await writeSnapshot(this.opts.dir, next, trimmed ?? state, sm)
+        this.stateMb = await writeSnapshot(this.opts.dir, next, cut?.json ?? state, sm)
       })
       .then(
         () => log('chain snapshot', { generation: next, blocks: sm.blocks, heldMs: ms, writeMs: Math.round(performance.now() - tc) }),
@@ -174,21 +178,37 @@ export class Journal {
     return node.trimmable && !node.nextBlockTimeSet && node.blocks - this.trimmedAt >= this.opts.trimEveryBlocks
   }
 
-  /** The trimmed state to write; if anvil did not come back the same, the chain stops (a restart replays from the last snapshot). */
-  private async trim(node: AnvilNode, cut: CutDump): Promise<Buffer> {
-    const t = performance.now()
+  /** Trims anvil to the cut dump; resolves how long anvil took (ms). If anvil did not come back the same, the chain stops (a restart replays from the last snapshot). */
+  private async trim(node: AnvilNode, cut: CutDump): Promise<number> {
     try {
       const ms = await trimAnvil(node, cut, this.offset)
       this.trimmedAt = node.blocks
       this.trims++
-      this.opts.log('chain: old block headers trimmed', { blocks: node.blocks, kept: TRIM_KEEP_HEADERS, ms: Math.round(performance.now() - t), cutMs: cut.ms, ...ms })
-      return cut.json
+      return ms
     } catch (e) {
-      const err = new DevnetUnavailableError(`embedded chain: trimming old headers failed (${String(e)}); restart Paygate`)
-      node.fail(err)
-      this.opts.log('trimming old block headers failed; the embedded chain refuses every call until Paygate restarts', { error: String(e) }, 'error')
-      throw err
+      throw this.trimFailed(node, e)
     }
+  }
+
+  /** After a trim, in the next journal: the pool's txs sent again (the chain stops if anvil refuses one). */
+  private async resend(node: AnvilNode, lines: string[], times: { cutMs: number; reloadMs: number }, blocks?: BlocksBetween): Promise<void> {
+    const t = performance.now()
+    const blocks0 = node.blocks
+    try {
+      const resent = await resendPool(node, lines, (line) => this.append(line), blocks)
+      this.tail.costMs += performance.now() - t
+      const ms = Math.round(performance.now() - t)
+      this.opts.log('chain: old block headers trimmed', { blocks: blocks0, kept: TRIM_KEEP_HEADERS, ...times, resent, resendMs: ms, minedBetween: node.blocks - blocks0 })
+    } catch (e) {
+      throw this.trimFailed(node, e)
+    }
+  }
+
+  private trimFailed(node: AnvilNode, e: unknown): DevnetUnavailableError {
+    const err = new DevnetUnavailableError(`embedded chain: trimming old headers failed (${String(e)}); restart Paygate`)
+    node.fail(err)
+    this.opts.log('trimming old block headers failed; the embedded chain refuses every call until Paygate restarts', { error: String(e) }, 'error')
+    return err
   }
 
   /** Resolves when every snapshot taken so far is written (or failed). */

@@ -140,10 +140,14 @@ export class Miner {
       })
   }
 
-  /** On the serial queue. The receipts of every block mined so far are written first: a restart replays none of them. */
+  /**
+   * On the serial queue. The receipts of every block mined so far are written first: a restart
+   * replays none of them. After a trim, a block between every FULL_BLOCK_TXS of the pool's txs
+   * sent again (unless the caller mines).
+   */
   snapshot(): Promise<void> {
     this.archive.flush()
-    return this.journal.snapshot(this.node)
+    return this.journal.snapshot(this.node, this.automine ? { txs: FULL_BLOCK_TXS, mine: () => this.mine() } : undefined)
   }
 
   /** Snapshots when the tail (grown by writes without mining, e.g. automine off) is well past its budget. */

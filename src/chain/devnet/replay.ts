@@ -7,7 +7,7 @@ import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
 import type { DevnetLog } from './types.js'
 
-type Entry = { o?: number; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1; as?: string }
+type Entry = { o?: number; pool?: 'reset'; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1; as?: string }
 
 /** What a replay did, and where the journal it leaves stands. */
 export interface Restored {
@@ -72,6 +72,14 @@ class Replay {
     if (entry.o !== undefined) {
       this.tail.entries++
       this.offset = entry.o
+      return
+    }
+    if (entry.pool === 'reset') {
+      // a trim emptied anvil's pool here, and its txs follow one by one with the blocks mined
+      // between them; a replay that comes from an older snapshot (this one's files unwritten) has them in its pool
+      await node.raw('anvil_dropAllTransactions')
+      node.pending.clear()
+      this.tail.entries++
       return
     }
     // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it

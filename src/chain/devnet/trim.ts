@@ -84,12 +84,12 @@ export class HeaderCut {
 
 /**
  * On the serial queue, with no block mined since `cut` was dumped: resets anvil and loads the cut
- * dump; puts back what the reset loses (the chain-time offset, the next base fee, the pool's txs,
- * in the order they were sent). Throws if the newest block is not the same afterwards: the caller
- * must stop the chain then. Resolves where its time went (ms).
+ * dump; puts back what the reset loses, except the pool's txs (`resendPool`): the chain-time
+ * offset, the next base fee. Throws if the newest block is not the same afterwards: the caller
+ * must stop the chain then. Resolves how long anvil took (ms).
  */
-export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): Promise<TrimTimes> {
-  const t1 = performance.now()
+export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): Promise<number> {
+  const t = performance.now()
   const latest = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   const { environment } = (await node.raw('anvil_nodeInfo')) as { environment: { baseFee: string | number } }
   // Reads wait until the state is back (a read between the reset and the load would see an
@@ -110,24 +110,36 @@ export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): 
   }
   const now = (await node.raw('eth_getBlockByNumber', ['latest', false])) as { hash: string }
   if (now.hash !== latest.hash) throw new Error(`embedded chain: after trimming old headers the newest block is ${now.hash}, not ${latest.hash}`)
-  const t2 = performance.now()
-  // the reset emptied the pool: the txs acknowledged and not yet mined go back, one at a time in
-  // the order they were sent (anvil may take a pipelined run in any order, and senders differ)
-  let resent = 0
-  node.forgetImpersonated()
-  for (const line of node.pending.values()) {
-    const { m, p, as } = JSON.parse(line) as { m: string; p: unknown[]; as?: string }
-    if (as) await node.impersonate(as)
-    const r = await node.ipc.call(m, JSON.stringify(p))
-    if (r.error) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${r.error.message}`)
-    resent++
-  }
-  return { reloadMs: Math.round(t2 - t1), resendMs: Math.round(performance.now() - t2), resent }
+  return Math.round(performance.now() - t)
 }
 
-/** Where a trim's time went, once the dump was cut: anvil's reset and load, the pool's txs sent again. */
-export interface TrimTimes {
-  reloadMs: number
-  resendMs: number
-  resent: number
+/** A journal line: anvil's pool was emptied here (a trim's reset); a replay empties it too. */
+export const POOL_RESET_LINE = '{"pool":"reset"}'
+
+/** Blocks mined while the pool is sent again: one after every `txs` sent. */
+export interface BlocksBetween {
+  txs: number
+  mine: () => Promise<unknown>
+}
+
+/**
+ * After a trim's reset emptied anvil's pool: its txs (`lines`, as journalled when first sent) go
+ * back one at a time, in the order they were sent (anvil may take a pipelined run in any order,
+ * and senders differ), each journalled before it is sent. With `blocks`, a block after every
+ * `blocks.txs` of them: the sends that went on beside the dump and its cut can number hundreds,
+ * and one block of them all held every send behind it for as long as anvil took to build its
+ * receipts (their cost grows with the square of the block: miner.ts). Resolves how many went back.
+ */
+export async function resendPool(node: AnvilNode, lines: string[], journal: (line: string) => void, blocks?: BlocksBetween): Promise<number> {
+  node.forgetImpersonated()
+  let sent = 0
+  for (const line of lines) {
+    const { m, p, as } = JSON.parse(line) as { m: string; p: unknown[]; as?: string }
+    if (as) await node.impersonate(as)
+    journal(line)
+    const r = await node.ipc.call(m, JSON.stringify(p))
+    if (r.error) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${r.error.message}`)
+    if (++sent % (blocks?.txs ?? Number.POSITIVE_INFINITY) === 0 && sent < lines.length) await blocks!.mine()
+  }
+  return sent
 }
