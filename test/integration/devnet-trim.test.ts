@@ -12,6 +12,7 @@ import { join } from 'node:path'
 import type { Hex } from 'viem'
 import { mnemonicToAccount } from 'viem/accounts'
 import { DEVNET_MNEMONIC, startDevnet, type Devnet } from '../../src/chain/devnet/index.js'
+import { unsignedEip1559 } from '../../src/chain/eip1559.js'
 import type { DevnetLog } from '../../src/chain/devnet/types.js'
 import { testDir } from '../helpers/gateway.js'
 
@@ -19,8 +20,16 @@ const CHAIN_ID = 31337
 const open = (dataDir: string, log?: DevnetLog): Promise<Devnet> => startDevnet({ dataDir, chainId: CHAIN_ID, host: '127.0.0.1', port: 0, idleSnapshotMs: 600_000, trimEveryBlocks: 256, log })
 const from = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 4 })
 const recipient = (nonce: number): Hex => `0x${'dd'.repeat(18)}${nonce.toString(16).padStart(4, '0')}`
-const tx = (nonce: number): Promise<Hex> =>
-  from.signTransaction({ chainId: CHAIN_ID, type: 'eip1559', nonce, to: recipient(nonce), value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n })
+const transfer = (nonce: number, to = recipient(nonce)) =>
+  ({ chainId: CHAIN_ID, type: 'eip1559', nonce, to, value: BigInt(nonce + 1), gas: 21_000n, maxFeePerGas: 10n ** 10n, maxPriorityFeePerGas: 1n }) as const
+const tx = (nonce: number): Promise<Hex> => from.signTransaction(transfer(nonce))
+/** As ledger records go: unsigned, sent as `from` impersonated (RpcFront.sendLedger). */
+const unsignedTx = (nonce: number): Hex => {
+  const { chainId, to, value, gas, maxFeePerGas, maxPriorityFeePerGas } = transfer(nonce)
+  const f = { chainId, nonce: BigInt(nonce), to: Buffer.from(to.slice(2), 'hex'), value, gas, maxFeePerGas, maxPriorityFeePerGas, data: new Uint8Array() }
+  return `0x${unsignedEip1559(f).toString('hex')}`
+}
+const other = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex: 5 })
 type Block = { hash: Hex; number: Hex; timestamp: Hex; transactions: Hex[] }
 const block = (c: Devnet, n: number | 'latest'): Promise<Block | null> =>
   c.request({ method: 'eth_getBlockByNumber', params: [typeof n === 'number' ? `0x${n.toString(16)}` : n, false] }) as Promise<Block | null>
@@ -104,7 +113,15 @@ t.test('after a trim the pool goes back in blocks of at most 32; a restart from 
   t.equal((await receipt(chain, hashOf((await chain.sendRawTransactions([await tx(0)]))[0]!)))?.status, '0x1')
   await chain.request({ method: 'anvil_mine', params: ['0x12c'] }) // 300 blocks: the next snapshot trims
   await chain.request({ method: 'evm_setAutomine', params: [false] })
-  const hashes = (await chain.sendRawTransactions(await Promise.all(Array.from({ length: 70 }, (_, i) => tx(i + 1))))).map(hashOf)
+  // 40 unsigned from one account (sent again in pipelined runs), then 30 signed by another (one at a time)
+  const unsigned = (
+    await chain.sendLedger(
+      from.address,
+      Array.from({ length: 40 }, (_, i) => unsignedTx(i + 1)),
+    )
+  ).map(hashOf)
+  const signed = (await chain.sendRawTransactions(await Promise.all(Array.from({ length: 30 }, (_, i) => other.signTransaction(transfer(i, recipient(100 + i))))))).map(hashOf)
+  const hashes = [...unsigned, ...signed]
   const before = (await block(chain, 'latest'))!
   copyChain(dir, older) // the snapshot before the trimmed one, with the journal that sent the 70
 
@@ -117,7 +134,7 @@ t.test('after a trim the pool goes back in blocks of at most 32; a restart from 
   const mined = new Map<number, number>()
   for (const h of hashes) {
     const r = await waitReceipt(chain, h)
-    t.equal(r.status, '0x1')
+    t.equal(r.status, '0x1', h)
     mined.set(Number(r.blockNumber), (mined.get(Number(r.blockNumber)) ?? 0) + 1)
   }
   t.equal(chain.stats().trims, 1, 'the snapshot trimmed')

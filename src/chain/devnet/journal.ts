@@ -195,7 +195,7 @@ export class Journal {
     const t = performance.now()
     const blocks0 = node.blocks
     try {
-      const resent = await resendPool(node, lines, (line) => this.append(line), blocks)
+      const resent = await resendPool(node, lines, ({ m, ps, as }) => this.append(ps.length === 1 ? journalLine(m, ps[0]!, as) : journalRun(m, ps, as), ps.length), blocks)
       this.tail.costMs += performance.now() - t
       const ms = Math.round(performance.now() - t)
       this.opts.log('chain: old block headers trimmed', { blocks: blocks0, kept: TRIM_KEEP_HEADERS, ...times, resent, resendMs: ms, minedBetween: node.blocks - blocks0 })

@@ -122,24 +122,42 @@ export interface BlocksBetween {
   mine: () => Promise<unknown>
 }
 
+/** Txs sent again together: one sender's (impersonated: `as`) run, or a single tx. */
+export interface ResentRun {
+  m: string
+  /** each call's params, as JSON */
+  ps: string[]
+  as?: string
+}
+
 /**
  * After a trim's reset emptied anvil's pool: its txs (`lines`, as journalled when first sent) go
- * back one at a time, in the order they were sent (anvil may take a pipelined run in any order,
- * and senders differ), each journalled before it is sent. With `blocks`, a block after every
- * `blocks.txs` of them: the sends that went on beside the dump and its cut can number hundreds,
- * and one block of them all held every send behind it for as long as anvil took to build its
- * receipts (their cost grows with the square of the block: miner.ts). Resolves how many went back.
+ * back in the order they were sent, each run journalled before it is sent. One impersonated
+ * sender's consecutive txs go pipelined (anvil orders one sender's txs by nonce, as for a
+ * ledger run: RpcFront.sendRun); others one at a time (anvil may take a pipelined run in any
+ * order, and senders differ). With `blocks`, a block after every `blocks.txs` of them: the
+ * sends that went on beside the dump and its cut can number hundreds, and one block of them all
+ * held every send behind it for as long as anvil took to build its receipts (their cost grows
+ * with the square of the block: miner.ts). Resolves how many went back.
  */
-export async function resendPool(node: AnvilNode, lines: string[], journal: (line: string) => void, blocks?: BlocksBetween): Promise<number> {
+export async function resendPool(node: AnvilNode, lines: string[], journal: (run: ResentRun) => void, blocks?: BlocksBetween): Promise<number> {
   node.forgetImpersonated()
+  const calls = lines.map((l) => JSON.parse(l) as { m: string; p: unknown[]; as?: string })
+  const every = blocks?.txs ?? Number.POSITIVE_INFINITY
   let sent = 0
-  for (const line of lines) {
-    const { m, p, as } = JSON.parse(line) as { m: string; p: unknown[]; as?: string }
+  while (sent < calls.length) {
+    const { m, as } = calls[sent]!
+    let end = sent + 1
+    const room = Math.min(calls.length, sent + every - (sent % every))
+    if (as) while (end < room && calls[end]!.m === m && calls[end]!.as === as) end++
+    const run: ResentRun = { m, ps: calls.slice(sent, end).map((c) => JSON.stringify(c.p)), as }
     if (as) await node.impersonate(as)
-    journal(line)
-    const r = await node.ipc.call(m, JSON.stringify(p))
-    if (r.error) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${r.error.message}`)
-    if (++sent % (blocks?.txs ?? Number.POSITIVE_INFINITY) === 0 && sent < lines.length) await blocks!.mine()
+    journal(run)
+    const rs = run.ps.length === 1 ? [await node.ipc.call(m, run.ps[0]!)] : await node.ipc.callMany(m, run.ps)
+    const refused = rs.find((r) => r.error)
+    if (refused) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${refused.error!.message}`)
+    sent = end
+    if (sent % every === 0 && sent < calls.length) await blocks!.mine()
   }
   return sent
 }
