@@ -130,9 +130,14 @@ export class Miner {
   private queueSnapshot(still: () => boolean): void {
     if (this.snapshotQueued) return
     this.snapshotQueued = true
+    this.node.dumpQueued()
     this.node
       .serial(async () => {
-        if (!this.node.closed && !this.node.dead && still()) await this.snapshot()
+        try {
+          if (!this.node.closed && !this.node.dead && still()) await this.snapshot()
+        } finally {
+          this.node.dumpBegun() // (no dump, or it failed before one)
+        }
       })
       .catch((e: unknown) => this.opts.log('snapshot failed', { error: String(e) }, 'warn'))
       .finally(() => {

@@ -24,6 +24,8 @@ export class AnvilNode {
   private tail: Promise<unknown> = Promise.resolve()
   /** while anvil dumps its state: the queue of the sends let through beside the dump */
   private side: Promise<unknown> | null = null
+  /** a snapshot queued and not yet dumping: sends wait for its dump to begin (see `send`) */
+  private dumpDue: { begun: Promise<void>; begin: () => void } | null = null
   /** sends that went beside a dump instead of waiting for it */
   sentBesideDumps = 0
   /**
@@ -131,6 +133,7 @@ export class AnvilNode {
    * order anvil took them in.
    */
   send<T>(fn: (beside: boolean) => Promise<T>): Promise<T> {
+    if (!this.side && this.dumpDue) return this.dumpDue.begun.then(() => this.send(fn))
     if (!this.side) return this.serial(() => fn(false))
     this.sentBesideDumps++
     const run = (): Promise<T> => fn(true)
@@ -146,6 +149,7 @@ export class AnvilNode {
    */
   async beside<T>(dump: () => Promise<T>): Promise<T> {
     this.side = Promise.resolve()
+    this.dumpBegun()
     try {
       return await dump()
     } finally {
@@ -153,6 +157,28 @@ export class AnvilNode {
       this.side = null
       await sends
     }
+  }
+
+  /**
+   * A snapshot was queued on the serial queue: until its dump begins (`beside`), or its turn ends
+   * without one (`dumpBegun`), sends wait and then go beside the dump. Queued behind the
+   * snapshot's turn, a send waited for all of it (at a trim: the dump, the cut, anvil's reload
+   * and the pool sent again; 231 ms at 1M records).
+   */
+  dumpQueued(): void {
+    if (this.dumpDue) return
+    let begin!: () => void
+    const begun = new Promise<void>((r) => {
+      begin = r
+    })
+    this.dumpDue = { begun, begin }
+  }
+
+  /** The queued snapshot's dump began, or its turn came without one: the sends waiting for it go. */
+  dumpBegun(): void {
+    const due = this.dumpDue
+    this.dumpDue = null
+    due?.begin()
   }
 
   private watch<T>(p: Promise<T>): Promise<T> {
