@@ -129,8 +129,8 @@ export class Journal {
    * what came after (mining them first held the chain for a whole block more). Sends that come
    * while anvil dumps go on beside it (`AnvilNode.send`): they are pending at the switch, so they
    * start the next journal too. Only blocks (and setters) wait for the dump. After a trim the
-   * next journal starts with the pool's reset instead, and the txs are sent again and journalled
-   * one by one, with `blocks` between them (`resendPool`); the snapshot is written only after.
+   * next journal starts with the pool's reset instead, and the txs are journalled as they are
+   * sent again, with `blocks` between them (`resendPool`); the snapshot is written only after.
    */
   async snapshot(node: AnvilNode, blocks?: BlocksBetween): Promise<void> {
     const t = performance.now()

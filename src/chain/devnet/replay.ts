@@ -75,8 +75,9 @@ class Replay {
       return
     }
     if (entry.pool === 'reset') {
-      // a trim emptied anvil's pool here, and its txs follow one by one with the blocks mined
-      // between them; a replay that comes from an older snapshot (this one's files unwritten) has them in its pool
+      // a trim emptied anvil's pool here, and its txs follow as they were sent again, with the
+      // blocks mined between them; a replay from the snapshot before (this one's files
+      // unwritten) still has them in anvil's pool
       await node.raw('anvil_dropAllTransactions')
       node.pending.clear()
       this.tail.entries++

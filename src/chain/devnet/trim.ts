@@ -84,9 +84,9 @@ export class HeaderCut {
 
 /**
  * On the serial queue, with no block mined since `cut` was dumped: resets anvil and loads the cut
- * dump; puts back what the reset loses, except the pool's txs (`resendPool`): the chain-time
- * offset, the next base fee. Throws if the newest block is not the same afterwards: the caller
- * must stop the chain then. Resolves how long anvil took (ms).
+ * dump; puts back the chain-time offset and the next base fee, which the reset loses (the pool's
+ * txs go back with `resendPool`). Throws if the newest block is not the same afterwards: the
+ * caller must stop the chain then. Resolves how long anvil took (ms).
  */
 export async function trimAnvil(node: AnvilNode, cut: CutDump, offset: number): Promise<number> {
   const t = performance.now()
@@ -138,26 +138,35 @@ export interface ResentRun {
  * order, and senders differ). With `blocks`, a block after every `blocks.txs` of them: the
  * sends that went on beside the dump and its cut can number hundreds, and one block of them all
  * held every send behind it for as long as anvil took to build its receipts (their cost grows
- * with the square of the block: miner.ts). Resolves how many went back.
+ * with the square of the block: miner.ts). Resolves how many went back. If anvil refuses one,
+ * or a block fails, the ones not yet journalled are journalled before it throws (the chain
+ * stops then): the restart replays them, so none that was acknowledged is lost.
  */
 export async function resendPool(node: AnvilNode, lines: string[], journal: (run: ResentRun) => void, blocks?: BlocksBetween): Promise<number> {
   node.forgetImpersonated()
   const calls = lines.map((l) => JSON.parse(l) as { m: string; p: unknown[]; as?: string })
   const every = blocks?.txs ?? Number.POSITIVE_INFINITY
   let sent = 0
-  while (sent < calls.length) {
-    const { m, as } = calls[sent]!
-    let end = sent + 1
-    const room = Math.min(calls.length, sent + every - (sent % every))
-    if (as) while (end < room && calls[end]!.m === m && calls[end]!.as === as) end++
-    const run: ResentRun = { m, ps: calls.slice(sent, end).map((c) => JSON.stringify(c.p)), as }
-    if (as) await node.impersonate(as)
-    journal(run)
-    const rs = run.ps.length === 1 ? [await node.ipc.call(m, run.ps[0]!)] : await node.ipc.callMany(m, run.ps)
-    const refused = rs.find((r) => r.error)
-    if (refused) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${refused.error!.message}`)
-    sent = end
-    if (sent % every === 0 && sent < calls.length) await blocks!.mine()
+  let journalled = 0
+  try {
+    while (sent < calls.length) {
+      const { m, as } = calls[sent]!
+      let end = sent + 1
+      const room = Math.min(calls.length, sent + every - (sent % every))
+      if (as) while (end < room && calls[end]!.m === m && calls[end]!.as === as) end++
+      const run: ResentRun = { m, ps: calls.slice(sent, end).map((c) => JSON.stringify(c.p)), as }
+      if (as) await node.impersonate(as)
+      journal(run)
+      journalled = end
+      const rs = run.ps.length === 1 ? [await node.ipc.call(m, run.ps[0]!)] : await node.ipc.callMany(m, run.ps)
+      const refused = rs.find((r) => r.error)
+      if (refused) throw new Error(`embedded chain: a pending tx was refused after trimming old headers: ${refused.error!.message}`)
+      sent = end
+      if (sent % every === 0 && sent < calls.length) await blocks!.mine()
+    }
+  } catch (e) {
+    for (const { m, p, as } of calls.slice(journalled)) journal({ m, ps: [JSON.stringify(p)], as })
+    throw e
   }
   return sent
 }
