@@ -7,8 +7,6 @@ import { AnvilNode } from '../../src/chain/devnet/node.js'
  * (behind a block, say) goes beside its dump once the dump begins, instead of queueing behind
  * the whole snapshot; if the snapshot's turn comes without a dump, it goes on the queue.
  */
-const node = (): AnvilNode => new AnvilNode({} as IpcClient, () => {})
-
 function deferred(): { promise: Promise<void>; resolve: () => void } {
   let resolve!: () => void
   const promise = new Promise<void>((r) => {
@@ -17,15 +15,27 @@ function deferred(): { promise: Promise<void>; resolve: () => void } {
   return { promise, resolve }
 }
 
-t.test('a send made while a snapshot is queued goes beside its dump, while the dump still runs', async (t) => {
-  const n = node()
+/** A node whose serial queue is held by a block until `block.resolve()`; `events` says what ran, in order. */
+function held() {
+  const n = new AnvilNode({} as IpcClient, () => {})
   const events: string[] = []
   const block = deferred()
-  const dump = deferred()
   void n.serial(async () => {
     await block.promise
     events.push('block mined')
   })
+  /** A send that records whether it went beside a dump, and resolves that. */
+  const send = (): Promise<boolean> =>
+    n.send(async (beside) => {
+      events.push(`send (beside: ${beside})`)
+      return beside
+    })
+  return { n, events, block, send }
+}
+
+t.test('a send made while a snapshot is queued goes beside its dump, while the dump still runs', async (t) => {
+  const { n, events, block, send } = held()
+  const dump = deferred()
   n.dumpQueued()
   const snapshot = n.serial(() =>
     n.beside(async () => {
@@ -34,10 +44,7 @@ t.test('a send made while a snapshot is queued goes beside its dump, while the d
       events.push('dump done')
     }),
   )
-  const sent = n.send(async (beside) => {
-    events.push(`send (beside: ${beside})`)
-    return beside
-  })
+  const sent = send()
   block.resolve()
   const ends = setTimeout(dump.resolve, 500) // (a send queued behind the snapshot would wait for this)
   t.equal(await sent, true, 'the send went beside the dump')
@@ -50,22 +57,13 @@ t.test('a send made while a snapshot is queued goes beside its dump, while the d
 })
 
 t.test("a snapshot's turn without a dump lets the waiting sends onto the queue", async (t) => {
-  const n = node()
-  const events: string[] = []
-  const block = deferred()
-  void n.serial(async () => {
-    await block.promise
-    events.push('block mined')
-  })
+  const { n, events, block, send } = held()
   n.dumpQueued()
   void n.serial(async () => {
     events.push('snapshot not needed')
     n.dumpBegun()
   })
-  const sent = n.send(async (beside) => {
-    events.push(`send (beside: ${beside})`)
-    return beside
-  })
+  const sent = send()
   block.resolve()
   t.equal(await sent, false)
   t.same(events, ['block mined', 'snapshot not needed', 'send (beside: false)'])
@@ -73,17 +71,8 @@ t.test("a snapshot's turn without a dump lets the waiting sends onto the queue",
 })
 
 t.test('with no snapshot queued a send waits its turn on the queue', async (t) => {
-  const n = node()
-  const events: string[] = []
-  const block = deferred()
-  void n.serial(async () => {
-    await block.promise
-    events.push('block mined')
-  })
-  const sent = n.send(async (beside) => {
-    events.push(`send (beside: ${beside})`)
-    return beside
-  })
+  const { events, block, send } = held()
+  const sent = send()
   block.resolve()
   t.equal(await sent, false)
   t.same(events, ['block mined', 'send (beside: false)'])
