@@ -288,7 +288,7 @@ function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notif
     ...policyRoutes(l.policies),
     ...walletRoutes(l.wallets, l.chain),
     ...payRoutes(p.engine, p.idempotency),
-    ...transactionRoutes(l.transactions, l.chain.info),
+    ...transactionRoutes(l.transactions, l.chain.info, async (id) => (await l.registry.getAgent(id)) !== undefined),
     ...openapiRoutes(),
     ...runRoutes(p.invocations),
     ...summaryRoutes({ store: l.store, chain: l.chain, outbox: l.outbox }),

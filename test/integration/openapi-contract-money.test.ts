@@ -76,6 +76,20 @@ t.test('transactions, their chains and trees', async (t) => {
   t.equal((await call(t, { method: 'GET', path: '/v1/transactions?agentId=m-b&status=rejected', key: keyB }, 200)).body.transactions.length, 1)
   t.equal((await call(t, { method: 'GET', path: '/v1/transactions?status=lost', key: acct }, 400, 'invalid_request')).body.field, 'status')
   await call(t, { method: 'GET', path: '/v1/transactions?agentId=m-a', key: keyB }, 403, 'forbidden')
+  // An agent that does not exist is 404; one with no transactions is an empty page; a deleted
+  // agent's history stays listed.
+  t.equal((await call(t, { method: 'GET', path: '/v1/transactions?agentId=m-ghost', key: acct }, 404, 'not_found')).body.detail, 'agent m-ghost does not exist')
+  t.same((await call(t, { method: 'GET', path: '/v1/transactions?agentId=m-c', key: acct }, 200)).body.transactions, [])
+  await send(gw.url, { method: 'POST', path: '/v1/wallets', key: acct, body: { agentId: 'm-gone' } })
+  await send(gw.url, { method: 'PUT', path: '/v1/policies/m-gone', key: acct, body: { perCallLimit: { usdc: 0.001 } } })
+  await call(t, { method: 'POST', path: '/v1/pay', key: acct, body: { agentId: 'm-gone', endpoint: paid } }, 402, 'policy_violation')
+  await call(t, { method: 'DELETE', path: '/v1/agents/m-gone', key: acct }, 204)
+  const gone = (await call(t, { method: 'GET', path: '/v1/transactions?agentId=m-gone', key: acct }, 200)).body.transactions
+  t.same(
+    gone.map((x: { status: string }) => x.status),
+    ['rejected'],
+    "a deleted agent's history",
+  )
   await call(t, { method: 'GET', path: `/v1/transactions/${pay.transactionId}`, key: keyA }, 200)
   await call(t, { method: 'GET', path: `/v1/transactions/${pay.txHash}`, key: acct }, 200)
   await call(t, { method: 'GET', path: '/v1/transactions/tx_nothing', key: acct }, 404, 'not_found')

@@ -61,8 +61,12 @@ function listFilter(url: URL): TxListFilter {
   }
 }
 
-/** Transactions, newest first; agent keys see only their own agent. */
-export function transactionRoutes(transactions: Transactions, chain: { chainId: number; network: string }): Route[] {
+/**
+ * Transactions, newest first; agent keys see only their own agent. `agentExists`: a filter
+ * naming an agent with no transactions answers 404 when no such agent exists (a deleted
+ * agent's history stays listed).
+ */
+export function transactionRoutes(transactions: Transactions, chain: { chainId: number; network: string }, agentExists: (agentId: string) => Promise<boolean>): Route[] {
   const view = (r: TxRecord) => txView(r, (n) => networkShown(n, chain))
   return [
     {
@@ -76,6 +80,7 @@ export function transactionRoutes(transactions: Transactions, chain: { chainId: 
           filter.agentId = ctx.identity.agentId
         }
         const page = await transactions.list(filter)
+        if (!page.records.length && filter.agentId && !filter.cursor && !(await agentExists(filter.agentId))) throw notFound(`agent ${filter.agentId}`)
         return { status: 200, body: { transactions: page.records.map(view), nextCursor: page.nextCursor } }
       },
     },
