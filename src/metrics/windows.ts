@@ -47,12 +47,15 @@ export function stepOf(length: number): number {
   return DAY_MS
 }
 
-/** The span of payments made in [from, to] (ms). */
+/** The span of payments made in [from, to] (ms), widened to whole buckets at both ends. */
 export function spanOf(from: number, to: number, now: number): Span {
   const precision = precisionOf(from, to, now)
   const size = sizeOf(precision)
   return { from: floorTo(from, size), last: floorTo(to, size), precision, step: stepOf(to - from) }
 }
+
+/** The time a span counts up to: the end of its last bucket, or now while that bucket is open. */
+export const spanEnd = (span: Span, now: number): number => Math.min(span.last + sizeOf(span.precision), now)
 
 export interface WindowQuery {
   window?: string | null
@@ -67,7 +70,7 @@ function timestamp(field: 'from' | 'to', v: string): number {
   return t
 }
 
-/** Read `window`, or `from`/`to` (`to` defaults to now), into a span; 400 naming the field otherwise. */
+/** Read `window`, or `from`/`to` (`to` exclusive, now when not given), into a span; 400 naming the field otherwise. */
 export function resolveWindow(q: WindowQuery, now: number): Span {
   const hasRange = (q.from ?? null) !== null || (q.to ?? null) !== null
   if (q.window != null && hasRange) throw invalid('window', 'give either window or from/to, not both')
@@ -81,9 +84,10 @@ export function resolveWindow(q: WindowQuery, now: number): Span {
   }
   if (q.from == null) throw invalid('from', 'from is required with to')
   const from = timestamp('from', q.from)
-  const to = q.to == null ? now : timestamp('to', q.to)
-  if (from >= to) throw invalid('from', 'from must be before to')
-  return spanOf(from, to, now)
+  const to = q.to == null ? null : timestamp('to', q.to)
+  if (from >= (to ?? now)) throw invalid('from', 'from must be before to')
+  // A `to` given is exclusive, as in the transactions' listing: a day ends before the next one's first bucket.
+  return spanOf(from, to === null ? now : to - 1, now)
 }
 
 /** 400 naming the field and listing the allowed values. */

@@ -136,6 +136,10 @@ t.test('agent-key scope and validation', async (t) => {
   t.same([both.status, both.body.field], [400, 'window'])
   const range = await gw.api('GET', `/v1/agents/buyer/metrics?from=${new Date(Date.now() - 3_600_000).toISOString()}`)
   t.same(range.body.metrics.tx_count, 5)
+  t.equal(Date.parse(range.body.window.to) <= Date.now() && Date.parse(range.body.window.to) > Date.now() - 60_000, true, 'to defaults to now')
+  const past = await gw.api('GET', '/v1/agents/buyer/metrics?from=2026-03-01T00:00:00Z&to=2026-03-02T00:00:00Z')
+  t.same(past.body.window, { from: '2026-03-01T00:00:00.000Z', to: '2026-03-02T00:00:00.000Z', precision: 'hour' }, 'a past range echoed as asked, not up to now')
+  t.same(past.body.metrics.tx_count, 0)
 })
 
 const family = (parsed: PromFamily[], name: string): PromFamily => {

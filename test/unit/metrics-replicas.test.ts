@@ -279,10 +279,10 @@ t.test('span reads: the ranges sumAgent walks, for each precision and series ste
   t.same(
     r({ from: '2026-03-10T09:05:00Z', to: '2026-03-10T11:00:00Z' }),
     [
-      ['minute', '03-10T09:05', '03-10T11:01'],
+      ['minute', '03-10T09:05', '03-10T11:00'],
       ['hour', '03-10T10:00', '03-10T11:00'],
     ],
-    'a minute series: every minute, and the whole hour for a sum without it',
+    'a minute series: every minute up to `to` (exclusive), and the whole hour for a sum without it',
   )
   t.same(
     r({ window: '7d' }),
@@ -296,7 +296,7 @@ t.test('span reads: the ranges sumAgent walks, for each precision and series ste
   t.same(
     r({ from: '2026-03-06T05:00:00Z', to: '2026-03-09T03:00:00Z' }),
     [
-      ['hour', '03-06T05:00', '03-09T04:00'],
+      ['hour', '03-06T05:00', '03-09T03:00'],
       ['day', '03-07T00:00', '03-09T00:00'],
     ],
     'an hour series: every hour, and the whole days for a sum without it',

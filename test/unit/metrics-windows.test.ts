@@ -1,7 +1,7 @@
 import t from 'tap'
 import { PaygateError } from '../../src/errors/index.js'
 import { latencyIndex, latencyValue, quantile } from '../../src/metrics/buckets.js'
-import { bucketStarts, DAY_MS, HOUR_MS, MINUTE_MS, precisionOf, resolveWindow, seriesStarts, stepOf } from '../../src/metrics/windows.js'
+import { bucketStarts, DAY_MS, HOUR_MS, MINUTE_MS, precisionOf, resolveWindow, seriesStarts, spanEnd, stepOf } from '../../src/metrics/windows.js'
 import { ManualClock } from '../../src/util/clock.js'
 
 /** Window arithmetic, pure, on a clock moved by hand. */
@@ -29,13 +29,20 @@ t.test('from/to: precision by length and by what minute buckets are still kept (
   const recent = resolveWindow({ from: '2026-03-10T10:00:30Z', to: '2026-03-10T11:00:00Z' }, now)
   t.equal(recent.precision, 'minute')
   t.equal(recent.from, Date.parse('2026-03-10T10:00:00Z'))
-  t.equal(recent.last, Date.parse('2026-03-10T11:00:00Z'))
+  t.equal(recent.last, Date.parse('2026-03-10T10:59:00Z'), 'to is exclusive: the bucket it starts is not read')
+  t.equal(spanEnd(recent, now), Date.parse('2026-03-10T11:00:00Z'))
   const old = resolveWindow({ from: '2026-03-01T10:00:00Z', to: '2026-03-01T11:00:00Z' }, now)
   t.equal(old.precision, 'hour', 'minute buckets of 9 days ago are gone')
+  t.same(bucketStarts(old), [Date.parse('2026-03-01T10:00:00Z')], 'an hour on the hour: one hour bucket')
+  t.equal(spanEnd(old, now), Date.parse('2026-03-01T11:00:00Z'))
+  const ragged = resolveWindow({ from: '2026-03-01T10:20:00Z', to: '2026-03-01T11:10:00Z' }, now)
+  t.same([ragged.from, spanEnd(ragged, now)], [Date.parse('2026-03-01T10:00:00Z'), Date.parse('2026-03-01T12:00:00Z')], 'widened to whole hours at both ends')
   t.equal(precisionOf(now - 48 * HOUR_MS + MINUTE_MS, now - 47 * HOUR_MS, now), 'minute')
   t.equal(precisionOf(now - 49 * HOUR_MS, now - 47 * HOUR_MS, now), 'hour')
   const open = resolveWindow({ from: '2026-03-10T12:00:00Z' }, now)
   t.equal(open.last, Date.parse('2026-03-10T12:34:00Z'), 'to defaults to now')
+  t.equal(spanEnd(open, now), now, 'a span reaching now counts up to now')
+  t.equal(spanEnd(resolveWindow({ window: '7d' }, now), now), now)
 })
 
 t.test('bad windows: 400 naming the field; unknown ones list the allowed values', async (t) => {

@@ -2,7 +2,7 @@ import type { Registry } from '../../agents/registry.js'
 import type { Aggregates } from '../../metrics/aggregates.js'
 import type { PrometheusMetrics } from '../../metrics/prometheus.js'
 import { ACCOUNT_METRICS, AGENT_METRICS, accountMetrics, parseMetrics, render, sumAgent } from '../../metrics/query.js'
-import { resolveWindow, type Span } from '../../metrics/windows.js'
+import { resolveWindow, spanEnd, type Span } from '../../metrics/windows.js'
 import type { PolicyStore } from '../../policy/store.js'
 import { usedToday } from '../../policy/usage.js'
 import type { Clock } from '../../util/clock.js'
@@ -21,7 +21,7 @@ function spanOf(url: URL, now: number): Span {
   return resolveWindow({ window: q.get('window'), from: q.get('from'), to: q.get('to') }, now)
 }
 
-const windowView = (span: Span, now: number) => ({ from: new Date(span.from).toISOString(), to: new Date(now).toISOString(), precision: span.precision })
+const windowView = (span: Span, now: number) => ({ from: new Date(span.from).toISOString(), to: new Date(spanEnd(span, now)).toISOString(), precision: span.precision })
 
 /** Committed spend today against the daily budget, in percent (null without a budget). */
 async function budgetUsedPct(policies: PolicyStore, agentId: string, now: number): Promise<number | null> {
