@@ -20,7 +20,26 @@ t.test("the README shows the two commands and fits a newcomer's first ten minute
   t.ok(readme.split('\n').length <= 200, 'at most 200 lines')
 })
 
-t.test('every relative link in the README and docs/ points at a file that exists', async (t) => {
+/** The anchors GitHub gives a Markdown file's headings (fenced code skipped; a repeated one gets -1, -2, ...). */
+function anchorsOf(text: string): Set<string> {
+  const out = new Set<string>()
+  let fenced = false
+  for (const line of text.split('\n')) {
+    if (/^\s*(```|~~~)/.test(line)) fenced = !fenced
+    const h = fenced ? null : /^#{1,6}\s+(.*?)\s*#*\s*$/.exec(line)
+    if (!h) continue
+    const base = h[1]!
+      .toLowerCase()
+      .replace(/[^\p{L}\p{N}\s_-]/gu, '')
+      .replace(/\s/g, '-')
+    let slug = base
+    for (let i = 1; out.has(slug); i++) slug = `${base}-${i}`
+    out.add(slug)
+  }
+  return out
+}
+
+t.test('every relative link in the README and docs/ points at a file that exists, and at a heading it has', async (t) => {
   const files = [
     'README.md',
     ...readdirSync(new URL('docs/', root))
@@ -29,9 +48,11 @@ t.test('every relative link in the README and docs/ points at a file that exists
   ]
   for (const f of files) {
     const text = readFileSync(new URL(f, root), 'utf8')
-    for (const [, target] of text.matchAll(/\]\(([^)#\s]+)(?:#[^)]*)?\)/g)) {
+    for (const [, target, anchor] of text.matchAll(/\]\(([^)#\s]*)(?:#([^)\s]*))?\)/g)) {
       if (/^[a-z]+:/.test(target!)) continue
-      t.ok(existsSync(new URL(target!, new URL(f, root))), `${f} -> ${target}`)
+      const file = new URL(target || '', new URL(f, root))
+      if (!t.ok(existsSync(file), `${f} -> ${target}`) || !anchor || !file.pathname.endsWith('.md')) continue
+      t.ok(anchorsOf(readFileSync(file, 'utf8')).has(anchor), `${f} -> ${target}#${anchor}`)
     }
   }
 })
