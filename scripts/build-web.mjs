@@ -18,10 +18,11 @@ function newest(path) {
   return m
 }
 
+// Status lines go to stderr: `npm start --silent -- ca > ca.pem` runs this build first, and its stdout is the PEM.
 const sources = [webDir, join(root, 'scripts', 'build-web.mjs'), join(root, 'package-lock.json')]
 const force = process.argv.includes('--force')
 if (!force && existsSync(stamp) && statSync(stamp).mtimeMs >= Math.max(...sources.map(newest))) {
-  console.log('dashboard: up to date (dist/web)')
+  console.error('dashboard: up to date (dist/web)')
   process.exit(0)
 }
 
@@ -55,4 +56,4 @@ await build({
 // Swapped in whole: a gateway or a second build running at the same time never sees a half-emptied dist/web.
 rmSync(outDir, { recursive: true, force: true })
 renameSync(tmpDir, outDir)
-console.log('dashboard: built into dist/web')
+console.error('dashboard: built into dist/web')

@@ -56,7 +56,8 @@ export const isEgressDenied = (e: unknown): e is PaygateError => e instanceof Pa
 const WHY: Record<DenyReason, (match: string) => string> = {
   metadata: () => 'a cloud metadata service (always denied)',
   link_local: (m) => `in ${m} (link-local), where cloud metadata services live (always denied)`,
-  own_listener: () => "one of Paygate's own listeners (always denied)",
+  // Most often a shell with the agent's proxy variables set calling the API itself.
+  own_listener: () => "one of Paygate's own listeners (always denied; call its API directly, not through its proxy: unset HTTPS_PROXY and HTTP_PROXY, or list the API's host in NO_PROXY)",
   deny_list: (m) => `in egress.deny (${m})`,
   private: (m) => `in ${m}, a private range denied by default (an operator can open it with egress.allow)`,
   reserved: (m) => `in ${m}, not a unicast range, denied by default (an operator can open it with egress.allow)`,
