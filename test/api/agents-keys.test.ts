@@ -41,6 +41,8 @@ t.test('create, read, list and delete agents', async (t) => {
   t.equal(rest.body.agents.length, 1)
   t.equal(rest.body.nextCursor, null)
   t.equal((await gw.api('GET', '/v1/agents?limit=0')).body.field, 'limit')
+  const pasted = await gw.api('GET', `/v1/agents?cursor=${encodeURIComponent('<nextCursor>')}`)
+  t.same([pasted.status, pasted.body.field], [400, 'cursor'], 'a cursor that no page gave is refused, not read as the first page')
 
   t.equal((await gw.api('GET', '/v1/agents/nobody')).status, 404)
   t.equal((await gw.api('GET', '/v1/agents/nobody')).body.error, 'not_found')

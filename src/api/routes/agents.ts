@@ -1,4 +1,5 @@
-import type { KeyRecord, Registry } from '../../agents/registry.js'
+import { AGENT_ID_RE, type KeyRecord, type Registry } from '../../agents/registry.js'
+import { invalid } from '../../errors/index.js'
 import { intParam, onlyFields } from '../http.js'
 import type { Route } from '../router.js'
 
@@ -34,6 +35,7 @@ function agentResourceRoutes(registry: Registry): Route[] {
       async handler(ctx) {
         const limit = intParam(ctx.url, 'limit', 100, 1, 1000)
         const cursor = ctx.url.searchParams.get('cursor') ?? undefined
+        if (cursor !== undefined && !AGENT_ID_RE.test(cursor)) throw invalid('cursor', 'cursor must be a nextCursor value from a previous page')
         return { status: 200, body: await registry.listAgents({ limit, ...(cursor ? { cursor } : {}) }) }
       },
     },
