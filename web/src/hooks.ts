@@ -13,7 +13,9 @@ export interface Loaded<T> {
  * is visible: the dashboard's live updates are polling with the key in the header.
  */
 export function useApi<T = any>(path: string | null, pollMs?: number): Loaded<T> {
-  const [state, setState] = useState<{ data?: T; error?: ApiError | Error; loading: boolean }>({ loading: !!path })
+  // What is held belongs to one path: another path's answer is never shown for this one (a
+  // failed load of a new page would show the last page's data under its error).
+  const [state, setState] = useState<{ path: string | null; data?: T; error?: ApiError | Error; loading: boolean }>({ path, loading: !!path })
   const [tick, setTick] = useState(0)
   const reload = useCallback(() => setTick((n) => n + 1), [])
   useEffect(() => {
@@ -22,12 +24,13 @@ export function useApi<T = any>(path: string | null, pollMs?: number): Loaded<T>
     const load = async (): Promise<void> => {
       try {
         const data = await api<T>('GET', path)
-        if (live) setState({ data, loading: false })
+        if (live) setState({ path, data, loading: false })
       } catch (e) {
-        if (live) setState((s) => ({ ...s, error: e as Error, loading: false }))
+        // A failed poll keeps this path's last answer beside its error.
+        if (live) setState((s) => ({ ...(s.path === path ? s : {}), path, error: e as Error, loading: false }))
       }
     }
-    setState((s) => ({ ...s, loading: true, error: undefined }))
+    setState((s) => (s.path === path ? { ...s, loading: true, error: undefined } : { path, loading: true }))
     void load()
     if (!pollMs) return () => void (live = false)
     const timer = setInterval(() => {
@@ -38,7 +41,8 @@ export function useApi<T = any>(path: string | null, pollMs?: number): Loaded<T>
       clearInterval(timer)
     }
   }, [path, pollMs, tick])
-  return { data: state.data, error: state.error, loading: state.loading, reload }
+  const mine = state.path === path
+  return { data: mine ? state.data : undefined, error: mine ? state.error : undefined, loading: mine ? state.loading : !!path, reload }
 }
 
 /** The hash route: `#/transactions` → ['transactions']; `#/tx/tx_1` → ['tx', 'tx_1']. */

@@ -87,8 +87,17 @@ function Page({ route, me }: { route: string[]; me: Me }) {
       return <DeliveriesPage me={me} />
     case 'settings':
       return <SettingsPage me={me} />
-    default:
+    case 'overview':
       return <OverviewPage me={me} />
+    default:
+      return (
+        <>
+          <h1>No such page</h1>
+          <p>
+            The dashboard has no page <code>#/{route.join('/')}</code>. <a href={href('overview')}>Go to the overview</a>.
+          </p>
+        </>
+      )
   }
 }
 

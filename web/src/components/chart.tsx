@@ -17,6 +17,8 @@ export function SpendChart({ series }: { series: { t: string | number; usdc: num
         height: 180,
         series: [{}, { label: 'USDC', stroke: '#1d4ed8', width: 2, fill: 'rgba(29,78,216,0.1)' }],
         axes: [{}, { label: 'USDC' }],
+        // From zero, and 0-1 USDC with no spend (uPlot's own range for all zeros is 0-100).
+        scales: { y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.1 : 1] } },
         legend: { show: false },
       },
       [xs, ys],

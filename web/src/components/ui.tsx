@@ -57,16 +57,19 @@ export function Status({ value }: { value: string }) {
 
 /** A used-vs-cap bar: a labelled meter (exact numbers in text beside it). */
 export function Bar({ label, used, cap }: { label: string; used: number; cap: number | undefined }) {
-  const pct = cap ? Math.min(100, Math.round((used / cap) * 100)) : 0
+  const exact = cap ? Math.min(100, (used / cap) * 100) : 0
+  const pct = Math.round(exact)
+  // A little spend shows: a sliver of bar and "<1%", not an empty bar and "0%".
+  const pctText = used > 0 && exact < 0.5 ? '<1%' : `${pct}%`
   const level = pct >= 100 ? 'over' : pct >= 80 ? 'warn' : 'ok'
   return (
     <div class="bar-row">
       <span class="bar-label">{label}</span>
       {/* biome-ignore lint/a11y/useSemanticElements: a styled bar (colour by level) with the meter role; <meter> cannot be styled alike across browsers */}
       <div class={`bar bar-${level}`} role="meter" aria-label={`${label} daily budget used`} aria-valuemin={0} aria-valuemax={100} aria-valuenow={pct}>
-        <div class="bar-fill" style={{ width: `${pct}%` }} />
+        <div class="bar-fill" style={{ width: `${exact}%` }} />
       </div>
-      <span class="bar-text">{cap === undefined ? `${used} USDC used, no daily cap` : `${used} / ${cap} USDC (${pct}%)`}</span>
+      <span class="bar-text">{cap === undefined ? 'no daily cap' : `${used} / ${cap} USDC (${pctText})`}</span>
     </div>
   )
 }

@@ -79,15 +79,18 @@ function Wallet({ agentId, me }: { agentId: string; me: Me }) {
           <dd>{w.data.balance?.usdc ?? '—'} USDC</dd>
         </dl>
       ) : null}
-      {me.kind === 'account' && missing ? (
-        <button type="button" onClick={() => void act('/v1/wallets', { agentId }, 'Wallet created.')}>
-          Create wallet
-        </button>
-      ) : null}
-      {me.kind === 'account' && w.data ? (
-        <button type="button" class="secondary" onClick={() => void act(`/v1/wallets/${encodeURIComponent(agentId)}/faucet`, { usdc: '10' }, 'Added 10 test USDC.')}>
-          Dev faucet: add 10 USDC
-        </button>
+      {me.kind === 'account' && (missing || w.data) ? (
+        <div class="actions wallet-actions">
+          {missing ? (
+            <button type="button" onClick={() => void act('/v1/wallets', { agentId }, 'Wallet created.')}>
+              Create wallet
+            </button>
+          ) : (
+            <button type="button" class="secondary" onClick={() => void act(`/v1/wallets/${encodeURIComponent(agentId)}/faucet`, { usdc: '10' }, 'Added 10 test USDC.')}>
+              Dev faucet: add 10 USDC
+            </button>
+          )}
+        </div>
       ) : null}
       {msg ? (
         <p class="muted" role="status">
@@ -134,7 +137,8 @@ export function AgentsPage({ me, agentId }: { me: Me; agentId: string | undefine
         ) : null}
       </div>
       {selected ? (
-        <section aria-labelledby="agent-h" class="agent-detail">
+        // Keyed by agent: another agent's page starts afresh (no message, form or answer of the last one).
+        <section key={selected} aria-labelledby="agent-h" class="agent-detail">
           <h2 id="agent-h">{selected}</h2>
           <div class="grid">
             <Wallet agentId={selected} me={me} />

@@ -12,6 +12,7 @@ function CreateAlert({ me, onCreated }: { me: Me; onCreated(): void }) {
   const [f, setF] = useState({ agentId: me.kind === 'agent' ? me.agentId : '', type: 'policy_violation', threshold: '', window: '1h', channel: 'webhook', target: '' })
   const [errors, setErrors] = useState<Record<string, string>>({})
   const set = (k: keyof typeof f) => (e: Event) => setF({ ...f, [k]: (e.currentTarget as HTMLInputElement).value })
+  const [created, setCreated] = useState('')
   const submit = async (e: Event): Promise<void> => {
     e.preventDefault()
     const notify = f.channel === 'email' ? { type: 'email', address: f.target.trim() } : { type: f.channel, url: f.target.trim() }
@@ -21,10 +22,14 @@ function CreateAlert({ me, onCreated }: { me: Me; onCreated(): void }) {
     try {
       await api('POST', '/v1/alerts', body)
       setErrors({})
+      setCreated(`Alert created for ${body.agentId}.`)
+      setF({ ...f, threshold: '', target: '' })
       onCreated()
     } catch (err) {
       const ae = err as ApiError
-      setErrors({ [fieldOf(ae.field)]: ae.field ? `${ae.detail} (${ae.field})` : ae.detail })
+      // The API's detail names the field: named once.
+      setCreated('')
+      setErrors({ [fieldOf(ae.field)]: ae.field && !ae.detail.includes(ae.field) ? `${ae.detail} (${ae.field})` : ae.detail })
     }
   }
   return (
@@ -72,6 +77,11 @@ function CreateAlert({ me, onCreated }: { me: Me; onCreated(): void }) {
         </p>
       ) : null}
       <button type="submit">Create alert</button>
+      {created ? (
+        <p class="muted" role="status">
+          {created}
+        </p>
+      ) : null}
     </form>
   )
 }
@@ -111,13 +121,15 @@ export function AlertsPage({ me }: { me: Me }) {
                 <tr key={a.alertId}>
                   <td>{a.agentId}</td>
                   <td>{a.type}</td>
-                  <td>{a.threshold !== undefined ? `${a.threshold}${a.window ? ` / ${a.window}` : ''}` : '—'}</td>
+                  <td class="nowrap">
+                    {a.threshold === undefined ? '—' : a.type === 'budget_pct' ? `${a.threshold}% of the daily budget` : `${a.threshold} USDC${a.window ? ` per ${a.window}` : ''}`}
+                  </td>
                   <td class="endpoint">
                     {a.notify?.type}: {a.notify?.url ?? a.notify?.address}
                   </td>
                   <td>{when(a.createdAt)}</td>
                   <td class="row-actions">
-                    <button type="button" class="secondary" onClick={() => void act('POST', `/v1/alerts/${encodeURIComponent(a.alertId)}/test`, `Test event sent for ${a.alertId}.`)}>
+                    <button type="button" class="secondary" onClick={() => void act('POST', `/v1/alerts/${encodeURIComponent(a.alertId)}/test`, `Test event sent to the ${a.notify?.type} of ${a.agentId}'s ${a.type} alert.`)}>
                       Test
                     </button>
                     {me.kind === 'account' ? (

@@ -59,11 +59,11 @@ export function EventsPage({ me }: { me: Me }) {
           <Table caption="Policy rejections, newest first" head={['Time', 'Agent', 'Reason', 'Detail', 'Endpoint']} testid="events-table">
             {rows.map((t) => (
               <tr key={t.id}>
-                <td>
+                <td class="nowrap">
                   <a href={href('tx', t.id)}>{when(t.timestamp)}</a>
                 </td>
-                <td>{t.agentId}</td>
-                <td>
+                <td class="nowrap">{t.agentId}</td>
+                <td class="nowrap">
                   <code>{t.reason}</code>
                 </td>
                 <td>{t.detail}</td>

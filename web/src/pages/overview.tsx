@@ -40,6 +40,7 @@ function ProtocolSplit({ metrics, me }: { metrics: any; me: Me }) {
     note = `share of the latest ${n} paid transactions`
   }
   if (!split) return <Loading on={recent.loading} />
+  if (Object.values(split).every((f) => !f)) return <p class="muted">No paid transactions to split yet.</p>
   return (
     <div>
       <ul class="split" data-testid="protocol-split">
@@ -92,12 +93,12 @@ export function OverviewPage({ me }: { me: Me }) {
           <h2 id="budgets-h">Daily budgets</h2>
           <Failure error={error} what="Budgets" />
           <Loading on={!budgets && !error} />
-          <div data-testid="budgets">
+          <div class="bars" data-testid="budgets">
             {budgets?.map((b) => (
               <Bar key={b.agentId} label={b.agentId} used={b.used} cap={b.cap} />
             ))}
-            {budgets?.length === 0 ? <p class="muted">No agents yet: create one under Agents.</p> : null}
           </div>
+          {budgets?.length === 0 ? <p class="muted">No agents yet: create one under Agents.</p> : null}
         </section>
         <section aria-labelledby="spend-h" class="card wide">
           <h2 id="spend-h">Spend, last 24 h</h2>
@@ -124,10 +125,10 @@ export function OverviewPage({ me }: { me: Me }) {
           <Failure error={rejections.error} what="Rejections" />
           {rejections.data?.transactions.length === 0 ? <p class="muted">No rejections.</p> : null}
           {rejections.data?.transactions.length ? (
-            <Table caption="The five latest policy rejections" head={['Time', 'Agent', 'Reason', 'Endpoint']}>
+            <Table caption="The latest policy rejections (up to five)" head={['Time', 'Agent', 'Reason', 'Endpoint']}>
               {rejections.data.transactions.map((t) => (
                 <tr key={t.id}>
-                  <td>
+                  <td class="nowrap">
                     <a href={href('tx', t.id)}>{when(t.timestamp)}</a>
                   </td>
                   <td>{t.agentId}</td>

@@ -87,16 +87,22 @@ export function PolicyEditor({ agentId, canEdit }: { agentId: string; canEdit: b
       setSaved('Policy saved.')
     } catch (err) {
       const ae = err as ApiError
-      setErrors({ [fieldOf(ae.field)]: ae.field ? `${ae.detail} (${ae.field})` : ae.detail })
+      // The API's detail names the field (`dailyBudget.usdc must not be negative`): named once.
+      setErrors({ [fieldOf(ae.field)]: ae.field && !ae.detail.includes(ae.field) ? `${ae.detail} (${ae.field})` : ae.detail })
     }
   }
   const ro = !canEdit
   return (
     <form class="policy" onSubmit={save} aria-labelledby="policy-h" noValidate>
       <h3 id="policy-h">Policy of {agentId}</h3>
-      {policy ? (
-        <p class="muted">
-          Used today: {policy.dailyBudget?.usedToday ?? 0} USDC; calls this hour: {policy.rateLimit?.usedThisHour ?? 0}
+      {policy?.dailyBudget || policy?.rateLimit ? (
+        <p class="muted" data-testid="policy-usage">
+          {[
+            policy.dailyBudget ? `Used today: ${policy.dailyBudget.usedToday} of ${policy.dailyBudget.usdc} USDC` : null,
+            policy.rateLimit ? `calls this hour: ${policy.rateLimit.usedThisHour} (limit ${policy.rateLimit.calls} per ${policy.rateLimit.window})` : null,
+          ]
+            .filter(Boolean)
+            .join('; ')}
         </p>
       ) : null}
       <div class="form-grid">

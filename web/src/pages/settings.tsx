@@ -91,14 +91,15 @@ function Certificate() {
         </dd>
         <dt>Java</dt>
         <dd>
-          <code>keytool -importcert -noprompt -alias paygate -file paygate-ca.pem -keystore paygate.jks -storepass changeit</code>, then <code>-Djavax.net.ssl.trustStore=paygate.jks</code>
+          <code>keytool -importcert -noprompt -alias paygate -file paygate-ca.pem -keystore paygate.jks -storepass changeit</code>, then{' '}
+          <code class="nowrap">-Djavax.net.ssl.trustStore=paygate.jks</code>
         </dd>
         <dt>Debian / Ubuntu system store</dt>
         <dd>
           <code>cp paygate-ca.pem /usr/local/share/ca-certificates/paygate.crt &amp;&amp; update-ca-certificates</code>
         </dd>
       </dl>
-      <p class="muted">docs/proxy.md has the full recipes.</p>
+      <p class="muted">The repository's docs/proxy.md has the full recipes.</p>
     </section>
   )
 }

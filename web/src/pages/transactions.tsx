@@ -86,16 +86,19 @@ export function TxTable({ rows, fresh, caption }: { rows: any[]; fresh?: Set<str
     <Table caption={caption} head={['Time', 'Agent', 'Status', 'Protocol', 'Paid', 'Endpoint']} testid="tx-table">
       {rows.map((t) => (
         <tr key={t.id} class={fresh?.has(t.id) ? 'fresh' : undefined} data-tx={t.id}>
-          <td>
+          <td class="nowrap">
             <a href={href('tx', t.id)}>{when(t.timestamp)}</a>
           </td>
           <td>{t.agentId}</td>
           <td>
             <Status value={t.status} />
           </td>
-          <td>{t.protocol ?? '—'}</td>
-          <td class="num">{usdc(t.amountPaid)}</td>
-          <td class="endpoint">{t.endpoint}</td>
+          <td>{t.kind === 'invocation' ? 'invocation' : (t.protocol ?? '—')}</td>
+          <td class="num">
+            {usdc(t.amountPaid)}
+            {t.status === 'rejected' && t.amountQuoted?.usdc ? <span class="muted"> (asked {usdc(t.amountQuoted)})</span> : null}
+          </td>
+          <td class="endpoint">{t.kind === 'invocation' ? <span class="muted">its sub-agent's payments are in its cost tree</span> : t.endpoint}</td>
         </tr>
       ))}
     </Table>

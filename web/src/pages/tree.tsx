@@ -1,4 +1,4 @@
-import { useState } from 'preact/hooks'
+import { useEffect, useState } from 'preact/hooks'
 import { type Me, qs, usdc } from '../api'
 import { Failure, Loading, Status, Table } from '../components/ui'
 import { fromUnits, href, toUnits, useApi, useFocusHeading, when } from '../hooks'
@@ -11,6 +11,7 @@ interface TreeNode {
   status?: string
   protocol?: string
   endpoint?: string
+  kind?: 'invocation'
   children: TreeNode[]
 }
 
@@ -36,7 +37,7 @@ function Node({ node, focus }: { node: TreeNode; focus: string }) {
           <span class="toggle-space" aria-hidden="true" />
         )}
         <span class="node-agent">{node.agentId}</span>
-        <span class="num">{usdc(node.amountPaid)}</span>
+        {node.kind === 'invocation' ? <span class="muted">invocation</span> : <span class="num">{usdc(node.amountPaid)}</span>}
         {node.children.length ? <span class="muted">subtree {fromUnits(subtreeUnits(node))} USDC</span> : null}
         {node.status && node.status !== 'paid' ? <Status value={node.status} /> : null}
         {node.protocol ? <span class="muted">{node.protocol}</span> : null}
@@ -61,7 +62,12 @@ function Node({ node, focus }: { node: TreeNode; focus: string }) {
 export function TreePage({ tx }: { tx: string | undefined }) {
   const h1 = useFocusHeading(`tree-${tx}`)
   const [input, setInput] = useState(tx ?? '')
+  // The field follows the page (a link from elsewhere opens another tree).
+  useEffect(() => setInput(tx ?? ''), [tx])
   const tree = useApi(tx ? `/v1/transactions/${encodeURIComponent(tx)}/tree` : null)
+  // Nodes carry ledger hashes: a tree opened by transaction id marks its node by the record's hash.
+  const byId = useApi<{ txHash: string | null }>(tx?.startsWith('tx_') ? `/v1/transactions/${encodeURIComponent(tx)}` : null)
+  const focus = tx?.startsWith('tx_') ? (byId.data?.txHash ?? '') : (tx ?? '')
   return (
     <>
       <h1 ref={h1} tabIndex={-1}>
@@ -93,7 +99,7 @@ export function TreePage({ tx }: { tx: string | undefined }) {
           </h2>
           {tree.data.truncated ? <p class="notice">The tree is larger than shown (truncated).</p> : null}
           <ul class="tree" data-testid="tree">
-            <Node node={tree.data.root} focus={tx!} />
+            <Node node={tree.data.root} focus={focus} />
           </ul>
         </section>
       ) : null}
@@ -108,6 +114,8 @@ export function RunsPage({ me, runId, agentId }: { me: Me; runId: string | undef
   const [applied, setApplied] = useState(agent)
   const list = useApi(!runId && applied ? `/v1/runs${qs({ agentId: applied })}` : null)
   const run = useApi(runId && agentId ? `/v1/runs/${encodeURIComponent(runId)}${qs({ agentId })}` : null)
+  // The account's agents, offered in the field (an orchestrator is one of them).
+  const agents = useApi<{ agents: { agentId: string }[] }>(me.kind === 'account' && !runId ? '/v1/agents?limit=200' : null)
   return (
     <>
       <h1 ref={h1} tabIndex={-1}>
@@ -127,8 +135,13 @@ export function RunsPage({ me, runId, agentId }: { me: Me; runId: string | undef
           }}
         >
           <div class="field">
-            <label for="runs-agent">Orchestrator agent</label>
-            <input id="runs-agent" value={agent} onInput={(e) => setAgent(e.currentTarget.value)} readOnly={me.kind === 'agent'} required />
+            <label for="runs-agent">Orchestrator agent (the one that called POST /v1/agents/invoke)</label>
+            <input id="runs-agent" list="runs-agents" value={agent} onInput={(e) => setAgent(e.currentTarget.value)} readOnly={me.kind === 'agent'} required />
+            <datalist id="runs-agents">
+              {(agents.data?.agents ?? []).map((a) => (
+                <option key={a.agentId} value={a.agentId} />
+              ))}
+            </datalist>
           </div>
           <div class="actions">
             <button type="submit">Show runs</button>

@@ -15,6 +15,7 @@ export function TxPage({ id }: { id: string }) {
   const h1 = useFocusHeading(`tx-${id}`)
   const tx = useApi(`/v1/transactions/${encodeURIComponent(id)}`, 3000)
   const t = tx.data
+  const invocation = t?.kind === 'invocation'
   return (
     <>
       <h1 ref={h1} tabIndex={-1}>
@@ -28,7 +29,7 @@ export function TxPage({ id }: { id: string }) {
       {t ? (
         <div class="grid">
           <section class="card" aria-labelledby="tx-h">
-            <h2 id="tx-h">Payment</h2>
+            <h2 id="tx-h">{invocation ? 'Invocation' : 'Payment'}</h2>
             <dl class="facts" data-testid="tx-facts">
               <Row k="Id">
                 <code>{t.id}</code>
@@ -38,15 +39,26 @@ export function TxPage({ id }: { id: string }) {
               <Row k="Status">
                 <Status value={t.status} />
               </Row>
-              <Row k="Protocol">{t.protocol ?? '—'}</Row>
-              {t.rail ? <Row k="Rail">{t.rail}</Row> : null}
-              <Row k="Paid">{usdc(t.amountPaid)}</Row>
-              <Row k="Quoted">{usdc(t.amountQuoted)}</Row>
-              <Row k="Endpoint">
-                <span class="endpoint">
-                  {t.method} {t.endpoint}
-                </span>
-              </Row>
+              {invocation ? null : (
+                <>
+                  <Row k="Protocol">{t.protocol ?? '—'}</Row>
+                  {t.rail ? <Row k="Rail">{t.rail}</Row> : null}
+                  <Row k="Paid">{usdc(t.amountPaid)}</Row>
+                  <Row k="Quoted">{usdc(t.amountQuoted)}</Row>
+                </>
+              )}
+              {t.endpoint ? (
+                <Row k="Endpoint">
+                  <span class="endpoint">
+                    {t.method} {t.endpoint}
+                  </span>
+                </Row>
+              ) : null}
+              {t.invocationId ? (
+                <Row k="Invocation">
+                  <code>{t.invocationId}</code>
+                </Row>
+              ) : null}
               {t.upstreamStatus !== undefined ? <Row k="Upstream status">{t.upstreamStatus}</Row> : null}
               {t.reason ? <Row k="Reason">{t.reason}</Row> : null}
               {t.detail ? <Row k="Detail">{t.detail}</Row> : null}
@@ -76,9 +88,9 @@ export function TxPage({ id }: { id: string }) {
                 </Row>
               </dl>
             ) : (
-              <p class="muted">No ledger record: nothing was paid.</p>
+              <p class="muted">{invocation ? 'An invocation moves no money itself: what its sub-agent paid is in its cost tree.' : 'No ledger record: nothing was paid.'}</p>
             )}
-            {t.txHash && (t.status === 'paid' || t.status === 'unknown') ? (
+            {t.txHash && (invocation || t.status === 'paid' || t.status === 'unknown') ? (
               <p>
                 <a href={href('tree', t.txHash)}>Open its cost tree</a>
               </p>

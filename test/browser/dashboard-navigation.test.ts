@@ -1,0 +1,67 @@
+import t from 'tap'
+import { startTestGateway, testChain } from '../helpers/gateway.js'
+import { startV2Merchant } from '../helpers/merchants.js'
+import { axeViolations, buildDashboard, openBrowser, signIn, visit } from '../helpers/browser.js'
+
+/**
+ * Moving between the dashboard's pages: a page never shows the last page's answer under its
+ * own error, an unknown route says so, and pages read what they show (a budget's small use,
+ * a policy without limits, a tree opened by transaction id, an invocation's root).
+ */
+buildDashboard()
+const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
+t.teardown(() => gw.close())
+const { merchantOptions } = await testChain(gw)
+const merchant = await startV2Merchant(await merchantOptions(10_000n))
+t.teardown(() => merchant.close())
+for (const agentId of ['rich', 'plain']) await gw.api('POST', '/v1/wallets', { body: { agentId } })
+await gw.api('PUT', '/v1/policies/rich', { body: { dailyBudget: { usdc: 5 }, rateLimit: { calls: 100, window: '1h' } } })
+const paid = await gw.api('POST', '/v1/pay', { body: { agentId: 'rich', endpoint: `${merchant.url}/paid`, method: 'GET' } })
+await gw.api('POST', '/v1/pay', { body: { agentId: 'plain', endpoint: `${merchant.url}/paid`, method: 'GET' } })
+await gw.api('POST', '/v1/agents', { body: { agentId: 'nowallet' } })
+
+const { page } = await openBrowser(t, gw.url)
+await signIn(page, gw.url, gw.accountKey)
+
+t.test('a page whose load fails shows its error, never the last page it replaced', async (t) => {
+  t.equal(paid.status, 200, 'setup: rich paid')
+  await visit(page, gw.url, 'agents/rich', 'Agents')
+  await page.getByTestId('wallet').waitFor()
+  await page.goto(`${gw.url}/ui/#/agents/nowallet`)
+  await page.getByText('No wallet yet.').waitFor()
+  t.equal(await page.getByTestId('wallet').count(), 0, "no other agent's wallet under 'No wallet yet.'")
+  t.equal(await page.getByRole('button', { name: /Dev faucet/ }).count(), 0, 'and no faucet for it')
+  await page.goto(`${gw.url}/ui/#/tx/${paid.body.transactionId}`)
+  await page.getByTestId('tx-facts').waitFor()
+  await page.goto(`${gw.url}/ui/#/tx/tx_doesnotexist`)
+  await page.getByText(/does not exist/).waitFor()
+  t.equal(await page.getByTestId('tx-facts').count(), 0, "the last transaction's facts are gone")
+})
+
+t.test('an unknown route says there is no such page', async (t) => {
+  await visit(page, gw.url, 'nosuchpage', 'No such page')
+  t.match(await page.locator('main').textContent(), /no page #\/nosuchpage/)
+  t.same(await axeViolations(page), [])
+})
+
+t.test('budgets and policies: a little spend shows, limits an agent has not are not shown as 0', async (t) => {
+  await visit(page, gw.url, 'overview', 'Overview')
+  const bars = page.getByTestId('budgets')
+  await bars.getByText('rich').waitFor()
+  t.match(await bars.textContent(), /0\.01 \/ 5 USDC \(<1%\)/, '0.2% of the budget is not shown as 0%')
+  await visit(page, gw.url, 'agents/rich', 'Agents')
+  t.match(await page.getByTestId('policy-usage').textContent(), /Used today: 0\.01 of 5 USDC; calls this hour: 1 \(limit 100 per 1h\)/)
+  await page.goto(`${gw.url}/ui/#/agents/plain`)
+  await page.getByRole('heading', { name: 'Policy of plain' }).waitFor()
+  t.equal(await page.getByTestId('policy-usage').count(), 0, 'no budget and no rate limit: no usage line of zeros')
+})
+
+t.test('a cost tree opened by transaction id marks that transaction', async (t) => {
+  await visit(page, gw.url, `tree/${paid.body.transactionId}`, 'Cost tree')
+  await page.getByTestId('tree').waitFor()
+  await page.getByText('(this transaction)').waitFor()
+  t.equal(await page.getByLabel('Transaction (ledger hash or id)').inputValue(), paid.body.transactionId)
+  await page.goto(`${gw.url}/ui/#/tree/${paid.body.txHash}`)
+  await page.getByText('(this transaction)').waitFor()
+  t.equal(await page.getByLabel('Transaction (ledger hash or id)').inputValue(), paid.body.txHash, 'the field follows the page')
+})
