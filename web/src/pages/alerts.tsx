@@ -129,7 +129,11 @@ export function AlertsPage({ me }: { me: Me }) {
                   </td>
                   <td>{when(a.createdAt)}</td>
                   <td class="row-actions">
-                    <button type="button" class="secondary" onClick={() => void act('POST', `/v1/alerts/${encodeURIComponent(a.alertId)}/test`, `Test event sent to the ${a.notify?.type} of ${a.agentId}'s ${a.type} alert.`)}>
+                    <button
+                      type="button"
+                      class="secondary"
+                      onClick={() => void act('POST', `/v1/alerts/${encodeURIComponent(a.alertId)}/test`, `Test event sent to the ${a.notify?.type} of ${a.agentId}'s ${a.type} alert.`)}
+                    >
                       Test
                     </button>
                     {me.kind === 'account' ? (
