@@ -1,4 +1,6 @@
 import t from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
 import { startV2Merchant } from '../helpers/merchants.js'
 import { axeViolations, buildDashboard, openBrowser, signIn, visit } from '../helpers/browser.js'
@@ -19,6 +21,17 @@ await gw.api('PUT', '/v1/policies/rich', { body: { dailyBudget: { usdc: 5 }, rat
 const paid = await gw.api('POST', '/v1/pay', { body: { agentId: 'rich', endpoint: `${merchant.url}/paid`, method: 'GET' } })
 await gw.api('POST', '/v1/pay', { body: { agentId: 'plain', endpoint: `${merchant.url}/paid`, method: 'GET' } })
 await gw.api('POST', '/v1/agents', { body: { agentId: 'nowallet' } })
+// A sub-agent that answers at once (it pays nothing): its invocation's root is all the tree holds.
+const sub = createServer((req, res) => {
+  req.resume()
+  req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"output":"done"}'))
+})
+await new Promise<void>((r) => sub.listen(0, '127.0.0.1', r))
+t.teardown(() => new Promise<void>((r) => sub.close(() => r())))
+const invoked = await gw.api('POST', '/v1/agents/invoke', {
+  headers: { 'x-agent-id': 'rich' },
+  body: { agentEndpoint: `http://127.0.0.1:${(sub.address() as AddressInfo).port}/task`, task: { q: 1 }, budget: { usdc: 0.05 } },
+})
 
 const { page } = await openBrowser(t, gw.url)
 await signIn(page, gw.url, gw.accountKey)
@@ -64,4 +77,19 @@ t.test('a cost tree opened by transaction id marks that transaction', async (t) 
   await page.goto(`${gw.url}/ui/#/tree/${paid.body.txHash}`)
   await page.getByText('(this transaction)').waitFor()
   t.equal(await page.getByLabel('Transaction (ledger hash or id)').inputValue(), paid.body.txHash, 'the field follows the page')
+})
+
+t.test("an invocation's root is named as one: in the list, on its page (with its tree) and in its tree", async (t) => {
+  t.equal(invoked.status, 200, JSON.stringify(invoked.body))
+  await visit(page, gw.url, `tx/${invoked.body.txHash}`, 'Transaction')
+  await page.getByRole('heading', { level: 2, name: 'Invocation' }).waitFor()
+  t.equal(await page.getByText('Quoted').count(), 0, 'no price quoted for an invocation')
+  await page.getByRole('link', { name: 'Open its cost tree' }).click()
+  await page.getByTestId('tree').waitFor()
+  t.match(await page.getByTestId('tree').textContent(), /rich\s*invocation/)
+  await visit(page, gw.url, 'transactions', 'Transactions')
+  const root = (await gw.api('GET', `/v1/transactions/${invoked.body.txHash}`)).body
+  const row = page.locator(`[data-tx="${root.id}"]`)
+  await row.waitFor()
+  t.match(await row.textContent(), /invocation/)
 })
