@@ -89,14 +89,14 @@ function CreateAlert({ me, onCreated }: { me: Me; onCreated(): void }) {
 export function AlertsPage({ me }: { me: Me }) {
   const h1 = useFocusHeading('alerts')
   const list = useApi(`/v1/alerts${qs({ agentId: me.kind === 'agent' ? me.agentId : undefined })}`)
-  const [msg, setMsg] = useState('')
+  const [msg, setMsg] = useState({ text: '', ok: true })
   const act = async (method: string, path: string, done: string): Promise<void> => {
     try {
       await api(method, path)
-      setMsg(done)
+      setMsg({ text: done, ok: true })
       list.reload()
     } catch (e) {
-      setMsg((e as ApiError).detail)
+      setMsg({ text: (e as ApiError).detail, ok: false })
     }
   }
   const alerts: any[] | undefined = list.data?.alerts
@@ -110,9 +110,9 @@ export function AlertsPage({ me }: { me: Me }) {
         <>
           {me.kind === 'account' ? <CreateAlert me={me} onCreated={list.reload} /> : null}
           <Loading on={list.loading && !list.data} />
-          {msg ? (
-            <p class="notice" role="status">
-              {msg}
+          {msg.text ? (
+            <p class={`notice ${msg.ok ? 'ok' : 'error'}`} role="status">
+              {msg.text}
             </p>
           ) : null}
           {alerts?.length ? (
@@ -160,14 +160,14 @@ export function DeliveriesPage({ me }: { me: Me }) {
   const h1 = useFocusHeading('deliveries')
   const [status, setStatus] = useState('')
   const list = useApi(`/v1/deliveries${qs({ status, agentId: me.kind === 'agent' ? me.agentId : undefined })}`, 5000)
-  const [msg, setMsg] = useState('')
+  const [msg, setMsg] = useState({ text: '', ok: true })
   const retry = async (id: string): Promise<void> => {
     try {
       await api('POST', `/v1/deliveries/${encodeURIComponent(id)}/retry`)
-      setMsg(`Delivery ${id} queued again.`)
+      setMsg({ text: `Delivery ${id} queued again.`, ok: true })
       list.reload()
     } catch (e) {
-      setMsg((e as ApiError).detail)
+      setMsg({ text: (e as ApiError).detail, ok: false })
     }
   }
   const rows: any[] | undefined = list.data?.deliveries
@@ -190,9 +190,9 @@ export function DeliveriesPage({ me }: { me: Me }) {
       </form>
       <Failure error={list.error} what="Delivery log" />
       <Loading on={list.loading && !list.data} />
-      {msg ? (
-        <p class="notice" role="status">
-          {msg}
+      {msg.text ? (
+        <p class={`notice ${msg.ok ? 'ok' : 'error'}`} role="status">
+          {msg.text}
         </p>
       ) : null}
       {rows?.length ? (
