@@ -1,9 +1,7 @@
 import t from 'tap'
 import { createServer, type IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { startV2Merchant } from '../helpers/merchants.js'
-import { axeViolations, buildDashboard, openBrowser, shoot, signIn, visit } from '../helpers/browser.js'
+import { axeViolations, dashboardGateway, openBrowser, shoot, signIn, visit } from '../helpers/browser.js'
 
 /**
  * The dashboard pages whose API comes from other features: alerts, deliveries and the
@@ -11,12 +9,7 @@ import { axeViolations, buildDashboard, openBrowser, shoot, signIn, visit } from
  * gateway for its route first and skips, naming the route, while that answers 404: a skip
  * here is a feature not merged yet, not a pass.
  */
-buildDashboard()
-const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
-t.teardown(() => gw.close())
-const { merchantOptions } = await testChain(gw)
-const merchant = await startV2Merchant(await merchantOptions(10_000n))
-t.teardown(() => merchant.close())
+const { gw, merchant } = await dashboardGateway(t)
 await gw.api('POST', '/v1/agents', { body: { agentId: 'shopper' } })
 await gw.api('POST', '/v1/wallets', { body: { agentId: 'shopper' } })
 await gw.api('POST', '/v1/pay', { body: { agentId: 'shopper', endpoint: `${merchant.url}/paid`, method: 'GET' } })

@@ -1,21 +1,14 @@
 import t from 'tap'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { startV2Merchant } from '../helpers/merchants.js'
-import { axeViolations, buildDashboard, openBrowser, signIn, visit } from '../helpers/browser.js'
+import { axeViolations, dashboardGateway, openBrowser, signIn, visit } from '../helpers/browser.js'
 
 /**
  * Moving between the dashboard's pages: a page never shows the last page's answer under its
  * own error, an unknown route says so, and pages read what they show (a budget's small use,
  * a policy without limits, a tree opened by transaction id, an invocation's root).
  */
-buildDashboard()
-const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
-t.teardown(() => gw.close())
-const { merchantOptions } = await testChain(gw)
-const merchant = await startV2Merchant(await merchantOptions(10_000n))
-t.teardown(() => merchant.close())
+const { gw, merchant } = await dashboardGateway(t)
 for (const agentId of ['rich', 'plain']) await gw.api('POST', '/v1/wallets', { body: { agentId } })
 await gw.api('PUT', '/v1/policies/rich', { body: { dailyBudget: { usdc: 5 }, rateLimit: { calls: 100, window: '1h' } } })
 const paid = await gw.api('POST', '/v1/pay', { body: { agentId: 'rich', endpoint: `${merchant.url}/paid`, method: 'GET' } })

@@ -1,8 +1,6 @@
 import t from 'tap'
 import { readFileSync } from 'node:fs'
-import { startTestGateway, testChain } from '../helpers/gateway.js'
-import { startV2Merchant } from '../helpers/merchants.js'
-import { axeViolations, buildDashboard, openBrowser, shoot, signIn, visit } from '../helpers/browser.js'
+import { axeViolations, dashboardGateway, openBrowser, shoot, signIn, visit } from '../helpers/browser.js'
 
 /**
  * The dashboard in Debian's Chromium against a real gateway, a real x402 merchant and the
@@ -10,12 +8,7 @@ import { axeViolations, buildDashboard, openBrowser, shoot, signIn, visit } from
  * from a leaf, the policy editor's validation messages, settings; every request stays on the
  * gateway's loopback origin, axe finds nothing serious, screenshots at 1280 and 390 px.
  */
-buildDashboard()
-const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
-t.teardown(() => gw.close())
-const { merchantOptions } = await testChain(gw)
-const merchant = await startV2Merchant(await merchantOptions(10_000n))
-t.teardown(() => merchant.close())
+const { gw, merchant } = await dashboardGateway(t)
 const host = new URL(merchant.url).hostname
 
 async function agent(id: string, policy?: object): Promise<string> {

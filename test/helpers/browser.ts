@@ -5,6 +5,8 @@ import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core'
+import { startTestGateway, testChain, type TestGateway } from './gateway.js'
+import { type Merchant, startV2Merchant } from './merchants.js'
 
 const root = fileURLToPath(new URL('../..', import.meta.url))
 export const SCREENSHOTS = join(root, 'test-output', 'screenshots')
@@ -16,6 +18,20 @@ export const WIDTHS = { desktop: 1280, phone: 390 } as const
 export function buildDashboard(): void {
   const r = spawnSync(process.execPath, [join(root, 'scripts', 'build-web.mjs')], { cwd: root, encoding: 'utf8' })
   if (r.status !== 0) throw new Error(`dashboard build failed: ${r.stderr || r.stdout}`)
+}
+
+/**
+ * The dashboard built, and a gateway (chain id 84532, as x402's v1 packages name it) with a
+ * real x402 v2 merchant selling at 0.01 USDC on its embedded chain; both closed at the end of `t`.
+ */
+export async function dashboardGateway(t: Test): Promise<{ gw: TestGateway; merchant: Merchant }> {
+  buildDashboard()
+  const gw = await startTestGateway({ env: { PAYGATE_CHAIN_CHAIN_ID: '84532' } })
+  t.teardown(() => gw.close())
+  const { merchantOptions } = await testChain(gw)
+  const merchant = await startV2Merchant(await merchantOptions(10_000n))
+  t.teardown(() => merchant.close())
+  return { gw, merchant }
 }
 
 const axeSource = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8')
