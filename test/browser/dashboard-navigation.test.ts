@@ -50,6 +50,14 @@ t.test('an unknown route says there is no such page', async (t) => {
   t.same(await axeViolations(page), [])
 })
 
+t.test('the dashboard has its own icon (no request for a missing /favicon.ico)', async (t) => {
+  const icon = await page.locator('link[rel="icon"]').getAttribute('href')
+  t.match(icon, /^\/ui\/assets\/favicon-[\w-]+\.svg$/)
+  const res = await fetch(new URL(icon!, gw.url))
+  t.same([res.status, res.headers.get('content-type')], [200, 'image/svg+xml'])
+  t.match(await res.text(), /^<svg /)
+})
+
 t.test('budgets and policies: a little spend shows, limits an agent has not are not shown as 0', async (t) => {
   await visit(page, gw.url, 'overview', 'Overview')
   const bars = page.getByTestId('budgets')
