@@ -50,9 +50,21 @@ export class Reconciler {
       if (this.engine.leases.isHeld(r.id)) continue
       // Another live replica's payment is its own to finish; once its lease ends, ours to settle.
       if (r.owner && r.owner !== this.engine.locks.replicaId && (await this.engine.locks.alive(r.owner))) continue
-      await this.settle(r)
+      await this.engine.locks.run(`settle\u0000${r.id}`, () => this.settleIfOpen(r.id))
     }
     for (const fn of this.extra) await fn()
+  }
+
+  /**
+   * Settles the record as it is now, if still open and not in a payment's hands. The list
+   * above was read before: a payment under way then may have finished (its lease dropped once
+   * its record was written), and settled again from the old state it would be recorded twice.
+   * Under the lock, so two replicas that both take over a dead one's record settle it once.
+   */
+  private async settleIfOpen(id: string): Promise<void> {
+    if (this.engine.leases.isHeld(id)) return
+    const r = await this.transactions.get(id)
+    if (r && (r.status === 'pending' || r.status === 'unknown')) await this.settle(r)
   }
 
   private async settle(r: TxRecord): Promise<void> {
