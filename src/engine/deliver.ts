@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream'
 import type { Chain } from '../chain/chain.js'
 import type { LedgerEntry } from '../chain/ledger-tx.js'
-import { PaygateError, type ErrorCode } from '../errors/index.js'
+import { isPaygateError, PaygateError, type ErrorCode } from '../errors/index.js'
 import type { EventBus } from '../events/bus.js'
 import type { Outbox } from '../ledger/outbox.js'
 import { isEip3009, type StoredAuthorization, type TxRecord } from '../ledger/transactions.js'
@@ -56,6 +56,27 @@ function signLedgerAhead(d: DeliverDeps, rec: TxRecord, plan: Plan): LedgerEntry
  * held for the reconciler, or failed and released) through the record stage.
  */
 export async function deliver(d: DeliverDeps, req: PayRequest, plan: Plan, signed: TxRecord): Promise<PayOutcome> {
+  try {
+    return await deliverSigned(d, req, plan, signed)
+  } catch (e) {
+    throw isPaygateError(e) ? e : unrecorded(signed.id, e)
+  }
+}
+
+/**
+ * What failed after the authorization left Paygate (the store not answering, most likely): the
+ * money may have moved, so the answer must not say a retry is safe. The record stays open with
+ * its reservation, and the reconciler settles it from the chain once the store answers.
+ */
+function unrecorded(transactionId: string, cause: unknown): PaygateError {
+  return new PaygateError(
+    'unavailable',
+    `the payment was sent, but its outcome could not be recorded (the store is not answering); money may have moved: do not pay again. It is settled from the chain once the store answers: see GET /v1/transactions/${transactionId}`,
+    { extra: { transactionId }, cause },
+  )
+}
+
+async function deliverSigned(d: DeliverDeps, req: PayRequest, plan: Plan, signed: TxRecord): Promise<PayOutcome> {
   const auth = signed.authorization!
   const onChain = isEip3009(auth)
   let rec = signed

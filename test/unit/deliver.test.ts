@@ -5,6 +5,7 @@ import type { Chain } from '../../src/chain/chain.js'
 import type { Delivery, Plan } from '../../src/engine/adapters/types.js'
 import { Balances } from '../../src/engine/balances.js'
 import { deliver, type DeliverDeps } from '../../src/engine/deliver.js'
+import type { PaygateError } from '../../src/errors/index.js'
 import { Leases } from '../../src/engine/leases.js'
 import { Recorder } from '../../src/engine/record.js'
 import { EventBus } from '../../src/events/bus.js'
@@ -102,4 +103,26 @@ t.test('a 2xx that reports no settlement, unused on chain: the answer is passed 
   const out = await deliver(deps, req(rec.agentId), planOf([{ kind: 'served', response: answer(200) }]), rec)
   t.match(out, { payment: null, held: { transactionId: rec.id }, response: { status: 200 } })
   t.same(await stateOf(rec), { status: 'unknown', held: 10_000n })
+})
+
+t.test('paid, but the record cannot be written (the store not answering): unavailable, never "safe to retry"; the payment stays open and held', async (t) => {
+  used = async () => true
+  const failing = new Recorder({
+    store,
+    policies,
+    transactions,
+    outbox: { record: () => Promise.reject(new Error('Connection terminated unexpectedly')), signAhead: () => {} } as never,
+    events: new EventBus(),
+    hooks: new RecordHooks(),
+    clock: systemClock,
+    balances: new Balances(async () => 0n, systemClock),
+  })
+  const rec = await reserved(300)
+  const plan = planOf([{ kind: 'served', response: answer(200) }])
+  const err = await deliver({ ...deps, recorder: failing }, req(rec.agentId), plan, rec).catch((e: unknown) => e as PaygateError)
+  t.match(err, { code: 'unavailable', status: 503, extra: { transactionId: rec.id } })
+  t.match((err as PaygateError).detail, /money may have moved: do not pay again/)
+  t.notMatch((err as PaygateError).detail, /safe to retry/)
+  t.same((err as PaygateError).headers, {}, 'no Retry-After: a retry would pay again')
+  t.same(await stateOf(rec), { status: 'pending', held: 10_000n }, 'left for the reconciler to settle from the chain')
 })
