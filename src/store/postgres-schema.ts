@@ -1,4 +1,6 @@
-import type pg from 'pg'
+import pg from 'pg'
+import { PaygateError } from '../errors/index.js'
+import { shownUrl } from '../util/redact.js'
 
 /**
  * The PostgreSQL schema, as numbered migrations run in order at start. A migration is never
@@ -98,4 +100,21 @@ export async function migrate(pool: pg.Pool): Promise<{ from: number; to: number
     }
     return { from, to: SCHEMA_VERSION }
   })
+}
+
+/**
+ * Why the first use of the database failed, naming the setting: pg's own messages ("connect
+ * ECONNREFUSED", "database x does not exist") do not say that PostgreSQL is what was asked. The
+ * server's refusals (credentials, a database or a privilege missing) are the configuration's
+ * (exit 2); a server not reached may be down only for now (exit 1). The schema's own refusals
+ * (migrate's) say it already and pass unchanged.
+ */
+export function unusable(url: string, e: unknown): unknown {
+  const refused = e instanceof pg.DatabaseError
+  const message = e instanceof Error ? e.message : String(e)
+  const unreached = !refused && (typeof (e as { code?: unknown }).code === 'string' || /connection terminated|timeout/i.test(message))
+  if (!refused && !unreached) return e
+  const hint = refused && e.code === '42501' ? ' (the first start creates tables: the role needs CREATE on the schema)' : ''
+  const detail = `store.postgresUrl (${shownUrl(url)}): PostgreSQL ${refused ? 'refused' : 'could not be reached'}: ${message}${hint}`
+  return new PaygateError(refused ? 'invalid_config' : 'unavailable', detail, { cause: e })
 }

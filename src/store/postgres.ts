@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto'
 import pg from 'pg'
 import { KeyedMutex } from '../util/mutex.js'
 import { outcome, type Result } from '../util/result.js'
-import { LOCK, migrate, withSessionLock } from './postgres-schema.js'
+import { LOCK, migrate, unusable, withSessionLock } from './postgres-schema.js'
 import type { BatchOp, Collection, RangeOptions, Store, StoreOptions, Txn } from './types.js'
 
 /**
@@ -216,7 +216,7 @@ export class PostgresStore implements Store {
       await migrate(pool)
     } catch (e) {
       await store.close()
-      throw e
+      throw unusable(url, e)
     }
     return store
   }

@@ -1,5 +1,6 @@
 import t from 'tap'
 import pg from 'pg'
+import { createServer, type AddressInfo } from 'node:net'
 import { Store } from '../../src/store/index.js'
 import { MIGRATIONS, SCHEMA_VERSION } from '../../src/store/postgres-schema.js'
 import { sharedPostgres, testDatabase } from '../helpers/postgres.js'
@@ -75,7 +76,26 @@ t.test('a database not in UTF8 is refused', async (t) => {
   await t.rejects(open(cluster.url(name)), /must use UTF8 encoding \(it uses SQL_ASCII\)/)
 })
 
-t.test('a database that does not exist fails the open', async (t) => {
+t.test('a database that does not exist fails the open, naming the setting (a configuration error)', async (t) => {
   const cluster = await sharedPostgres()
-  await t.rejects(open(cluster.url('no_such_database')), /does not exist/)
+  await t.rejects(open(cluster.url('no_such_database')), {
+    code: 'invalid_config',
+    detail: /^store\.postgresUrl \(postgres(ql)?:\/\/[^)]*\/\[redacted\]\): PostgreSQL refused: database "no_such_database" does not exist$/,
+  })
+})
+
+t.test('a server that does not answer fails the open, naming the setting, without the password (a passing trouble)', async (t) => {
+  const free = await new Promise<number>((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = s.address() as AddressInfo
+      s.close(() => resolve(port))
+    })
+  })
+  const err = (await open(`postgres://paygate:s3cret-pw@127.0.0.1:${free}/paygate`).then(
+    () => new Error('opened'),
+    (e: unknown) => e,
+  )) as Error & { code: string; detail: string }
+  t.equal(err.code, 'unavailable')
+  t.match(err.detail, /^store\.postgresUrl \(postgres:\/\/127\.0\.0\.1:\d+\/\[redacted\]\): PostgreSQL could not be reached: .*ECONNREFUSED/)
+  t.notMatch(`${err.message} ${err.detail}`, /s3cret-pw/)
 })
