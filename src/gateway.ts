@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs'
+import { mkdirSync, readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
 import { rootCertificates } from 'node:tls'
 import { Registry } from './agents/registry.js'
@@ -174,6 +174,8 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
 /** The store the config names, its shared-store requirements checked before anything is opened. */
 async function openStore({ config, log }: Ctx): Promise<Store> {
   checkSharedStore(config)
+  // On PostgreSQL too it holds this replica's files (the account key, the CA): a fresh clone has none.
+  mkdirSync(config.dataDir, { recursive: true, mode: 0o700 })
   const store = await Store.open(config.dataDir, {
     ...(config.store.postgresUrl ? { postgresUrl: config.store.postgresUrl } : {}),
     onApplyError: (e) => (e === undefined ? log.info('LevelDB writes work again') : log.error({ err: e }, 'writing into LevelDB failed; retrying (changes are kept in the write-ahead log)')),

@@ -78,7 +78,8 @@ export async function replicaChain(t: Test, chainId: number, bankUnits?: bigint)
  * account key. `acct`: that key.
  */
 export async function spawnReplicas(t: Test, env: Record<string, string>, n: number, together: boolean): Promise<{ replicas: GatewayProcess[]; dirs: string[]; acct: string }> {
-  const dirs = Array.from({ length: n }, () => testDir(t))
+  // Data dirs that do not exist yet, as in a fresh clone: each replica makes its own.
+  const dirs = Array.from({ length: n }, () => join(testDir(t), 'data'))
   const start = (d: string) => spawnGateway({ PAYGATE_DATA_DIR: d, ...env }, [], [], true, 90_000)
   const replicas: GatewayProcess[] = []
   if (together) replicas.push(...(await Promise.all(dirs.map(start))))
