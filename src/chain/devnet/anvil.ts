@@ -63,14 +63,26 @@ export function anvilArgs(chainId: number, genesisTime: number, hardfork: string
   return args
 }
 
-/** A stale anvil from a crashed run (its watchdog should have killed it). */
-export function killStaleAnvil(pidFile: string, log: DevnetLog): void {
+/**
+ * A stale anvil from a crashed run (its watchdog should have killed it), if it is this data dir's:
+ * its `--ipc` is the path the pid file recorded for this dir (or, in a pid file of one line, the
+ * dir's own socket). A copy of a live data dir names the original's anvil, still serving
+ * another Paygate, and a pid may have been reused: neither is killed.
+ */
+export function killStaleAnvil(pidFile: string, dir: string, log: DevnetLog): void {
   try {
-    const old = Number(fs.readFileSync(pidFile, 'utf8'))
-    if (old > 0 && pidAlive(old) && fs.readFileSync(`/proc/${old}/cmdline`, 'utf8').includes('anvil')) {
-      log('killing stale anvil', { pid: old }, 'warn')
-      process.kill(old, 'SIGKILL')
+    const [pidLine = '', ownerDir, recordedIpc] = fs.readFileSync(pidFile, 'utf8').split('\n')
+    const old = Number(pidLine)
+    if (!(old > 0) || !pidAlive(old)) return
+    const ipc = ownerDir === undefined || ownerDir === '' ? path.join(dir, 'anvil.ipc') : ownerDir === dir ? recordedIpc : undefined
+    const args = fs.readFileSync(`/proc/${old}/cmdline`, 'utf8').split('\0')
+    const at = args.indexOf('--ipc')
+    if (!ipc || at < 0 || args[at + 1] !== ipc || !args.some((a) => a.includes('anvil'))) {
+      log("the anvil pid file names a live process that is not this data dir's anvil; left alone", { pid: old })
+      return
     }
+    log('killing stale anvil', { pid: old }, 'warn')
+    process.kill(old, 'SIGKILL')
   } catch {}
 }
 
@@ -100,7 +112,8 @@ export async function spawnAnvil(bin: string, args: string[], dir: string, pidFi
   })
   const anvilPid = await readPid(proc)
   proc.stdout!.resume()
-  fs.writeFileSync(pidFile, String(anvilPid))
+  // with the dir and socket it serves, so a later start kills only this dir's anvil (killStaleAnvil)
+  fs.writeFileSync(pidFile, `${anvilPid}\n${dir}\n${ipcPath}\n`)
   const ipc = await connectIpc(
     ipcPath,
     anvilPid,

@@ -28,7 +28,7 @@ export async function startDevnet(opts: DevnetOptions): Promise<Devnet> {
   let child: Child
   let loadMs: number
   try {
-    killStaleAnvil(pidFile, log)
+    killStaleAnvil(pidFile, dir, log)
     gens = findGenerations(dir)
     const args = anvilArgs(opts.chainId, meta.genesisTime, meta.hardfork, gens.loadState, keepBlocks)
     const t = performance.now()
