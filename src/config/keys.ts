@@ -222,7 +222,7 @@ export const KEYS: readonly KeySpec[] = [
     path: 'mpp.rates',
     kind: 'map',
     check: (v) => (/^\d{1,12}(\.\d{1,18})?$/.test(v) ? null : 'a decimal rate (USDC per unit), e.g. 1.08'),
-    doc: 'USDC per unit of another MPP currency (e.g. `EUR=1.08`). Without a rate only USD and USDC (1:1, at most 6 decimals) are paid; converted amounts round up to the next base unit.',
+    doc: 'USDC per unit of another MPP currency: `EUR=1.08` in the environment, `{"EUR": 1.08}` in a config file (a number or a string). Without a rate only USD and USDC (1:1, at most 6 decimals) are paid; converted amounts round up to the next base unit.',
   },
   {
     path: 'mpp.paymentEndpointHosts',

@@ -95,11 +95,17 @@ function readJson(file: string | URL, what: string): unknown {
   } catch (e) {
     throw new PaygateError('invalid_config', `${what} ${String(file)} cannot be read: ${(e as Error).message}`)
   }
+  let parsed: unknown
   try {
-    return JSON.parse(text)
+    parsed = JSON.parse(text)
   } catch (e) {
     throw new PaygateError('invalid_config', `${what} ${String(file)} is not valid JSON: ${(e as Error).message}`)
   }
+  // Anything else holds no keys: read as one, it would start on the defaults without a word.
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+    throw new PaygateError('invalid_config', `${what} ${String(file)} must hold a JSON object of settings (e.g. {"api": {"port": 8403}}), not ${parsed === null ? 'null' : Array.isArray(parsed) ? 'an array' : `a ${typeof parsed}`}`)
+  }
+  return parsed
 }
 
 const BY_PATH = new Map(KEYS.map((k) => [k.path, k]))
@@ -275,7 +281,9 @@ function validateMap(spec: KeySpec, v: unknown): Checked {
   const what = `key=value pairs (comma-separated in the environment, an object in a file) with values: ${spec.check?.('\u0000') ?? 'strings'}`
   if (!entries) return [undefined, what]
   const out: Record<string, string> = {}
-  for (const [k, val] of entries) {
+  for (const [k, given] of entries) {
+    // A file's JSON may give a rate as a number ({"EUR": 1.08}): its shortest form is the text written.
+    const val = typeof given === 'number' && Number.isFinite(given) && typeof v === 'object' ? String(given) : given
     if (!/^[A-Za-z0-9._:/-]{1,64}$/.test(k) || typeof val !== 'string' || spec.check?.(val)) return [undefined, what]
     out[k] = val
   }

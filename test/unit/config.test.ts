@@ -1,5 +1,5 @@
 import t from 'tap'
-import { writeFileSync } from 'node:fs'
+import { rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { loadConfig } from '../../src/config/load.js'
 import { KEYS, envName, flagName } from '../../src/config/keys.js'
@@ -121,4 +121,23 @@ t.test('a private key outside the secp256k1 range stops the start, naming the ke
     }
   }
   for (const good of [hex(1n), hex(n - 1n)]) t.equal(loadConfig({ env: { PAYGATE_CHAIN_SIGNER_KEY: good } }).config.chain.signerKey, good)
+})
+
+t.test('a config file must hold an object of settings; a map in it may give numbers', async (t) => {
+  const dir = tempDir()
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'paygate.json')
+  for (const [text, what] of [
+    ['[1,2]', 'an array'],
+    ['"str"', 'a string'],
+    ['null', 'null'],
+    ['8403', 'a number'],
+  ] as const) {
+    writeFileSync(file, text)
+    t.throws(() => loadConfig({ env: { PAYGATE_CONFIG: file } }), { code: 'invalid_config', detail: new RegExp(`config file .* must hold a JSON object of settings .*, not ${what}$`) }, text)
+  }
+  writeFileSync(file, JSON.stringify({ mpp: { rates: { EUR: 1.08, JPY: 0.0067, GBP: '1.27' } } }))
+  t.same(loadConfig({ env: { PAYGATE_CONFIG: file } }).config.mpp.rates, { EUR: '1.08', JPY: '0.0067', GBP: '1.27' })
+  writeFileSync(file, JSON.stringify({ mpp: { rates: { EUR: -1 } } }))
+  t.throws(() => loadConfig({ env: { PAYGATE_CONFIG: file } }), { code: 'invalid_config', detail: /mpp\.rates = \{"EUR":-1\}/ }, 'a number is checked as its text is')
 })
