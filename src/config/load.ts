@@ -103,7 +103,8 @@ function readJson(file: string | URL, what: string): unknown {
   }
   // Anything else holds no keys: read as one, it would start on the defaults without a word.
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
-    throw new PaygateError('invalid_config', `${what} ${String(file)} must hold a JSON object of settings (e.g. {"api": {"port": 8403}}), not ${parsed === null ? 'null' : Array.isArray(parsed) ? 'an array' : `a ${typeof parsed}`}`)
+    const kind = parsed === null ? 'null' : Array.isArray(parsed) ? 'an array' : `a ${typeof parsed}`
+    throw new PaygateError('invalid_config', `${what} ${String(file)} must hold a JSON object of settings (e.g. {"api": {"port": 8403}}), not ${kind}`)
   }
   return parsed
 }
