@@ -86,8 +86,8 @@ const round = (n: number, digits: number): number => Math.round(n * 10 ** digits
 function protocolSplit(b: Bucket): { x402: number; mpp: number } {
   const n = b.x402 + b.mpp
   if (n === 0) return { x402: 0, mpp: 0 }
-  const x402 = b.x402 / n
-  return { x402, mpp: 1 - x402 }
+  // Each share divided on its own: 1 - 0.8 is 0.19999999999999996, 1 / 5 is 0.2 (and the two still sum to 1).
+  return { x402: b.x402 / n, mpp: b.mpp / n }
 }
 
 function topEndpoints(b: Bucket): { endpoint: string; spend: { usdc: number }; tx_count: number }[] {

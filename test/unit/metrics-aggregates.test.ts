@@ -271,3 +271,11 @@ t.test('long windows read whole days from the day sums: the same totals as hour 
   t.same(againHours, live)
   t.equal((live as { tx_count: number }).tx_count, 270)
 })
+
+t.test('the protocol split: each share as it is written (0.2, not 1 - 0.8)', async (t) => {
+  const { store } = await testStore(t)
+  const h = harness(store, new ManualClock(T0))
+  await h.pay('four', T0 - 10 * MINUTE_MS, 1_000n, { protocol: 'mpp' })
+  for (let i = 0; i < 4; i++) await h.pay('four', T0 - 9 * MINUTE_MS, 1_000n, { protocol: 'x402' })
+  t.same(h.metrics('four', { window: '1h' }).protocol_split, { x402: 0.8, mpp: 0.2 })
+})
