@@ -1,4 +1,4 @@
-import { mkdirSync, readFileSync } from 'node:fs'
+import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
 import { rootCertificates } from 'node:tls'
 import { Registry } from './agents/registry.js'
@@ -46,11 +46,11 @@ import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import { DashboardAssets } from './api/dashboard.js'
 import { summaryRoutes } from './api/routes/summary.js'
-import { checkExposure, checkSharedStore } from './config/checks.js'
+import { checkAnvilPath, checkExposure, checkPorts, checkSharedStore } from './config/checks.js'
 import type { Config } from './config/load.js'
 import type { Logger } from './log/index.js'
 import { PolicyStore } from './policy/store.js'
-import { Store } from './store/index.js'
+import { makeDataDir, Store } from './store/index.js'
 import { CrossLocks } from './store/leases.js'
 import { systemClock, type Clock } from './util/clock.js'
 import { Keystore } from './wallet/keystore.js'
@@ -174,8 +174,10 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
 /** The store the config names, its shared-store requirements checked before anything is opened. */
 async function openStore({ config, log }: Ctx): Promise<Store> {
   checkSharedStore(config)
+  checkPorts(config)
+  checkAnvilPath(config)
   // On PostgreSQL too it holds this replica's files (the account key, the CA): a fresh clone has none.
-  mkdirSync(config.dataDir, { recursive: true, mode: 0o700 })
+  makeDataDir(config.dataDir)
   const store = await Store.open(config.dataDir, {
     ...(config.store.postgresUrl ? { postgresUrl: config.store.postgresUrl } : {}),
     onApplyError: (e) => (e === undefined ? log.info('LevelDB writes work again') : log.error({ err: e }, 'writing into LevelDB failed; retrying (changes are kept in the write-ahead log)')),

@@ -1,3 +1,4 @@
+import { accessSync, constants } from 'node:fs'
 import { PaygateError } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
 import { isLoopback } from '../util/ports.js'
@@ -17,6 +18,30 @@ export function checkSharedStore(config: Config): void {
     ...(config.chain.rpcUrl ? [] : ['chain.rpcUrl (PAYGATE_CHAIN_RPC_URL) with chain.token and chain.ledger: an external chain, since an embedded one is per replica']),
   ]
   if (missing.length) throw new PaygateError('invalid_config', `with store.postgresUrl (state shared by replicas), set ${missing.join('; and ')}`)
+}
+
+/** Two listeners of this process given one port: the second would report it taken, as if by something else. */
+export function checkPorts(config: Config): void {
+  const ports: [string, number][] = [
+    ['api.port', config.api.port],
+    ['proxy.port', config.proxy.port],
+    ...(config.chain.rpcUrl ? [] : ([['chain.rpcPort', config.chain.rpcPort]] as [string, number][])),
+  ]
+  for (const [i, [a, p]] of ports.entries()) {
+    const same = ports.slice(i + 1).find(([, q]) => q === p && p !== 0)
+    if (same) throw new PaygateError('invalid_config', `${a} and ${same[0]} are both ${p}: each listener needs its own port (0 picks a free one)`)
+  }
+}
+
+/** An anvil binary named by chain.anvilPath must be there: anvil that cannot start says only that it exited. */
+export function checkAnvilPath(config: Config): void {
+  const bin = config.chain.anvilPath
+  if (!bin || config.chain.rpcUrl) return
+  try {
+    accessSync(bin, constants.X_OK)
+  } catch (e) {
+    throw new PaygateError('invalid_config', `chain.anvilPath = ${bin} (PAYGATE_CHAIN_ANVIL_PATH): not an executable file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`)
+  }
 }
 
 /** Refuse a config that would expose a default agent, and warn about a reachable dev chain. */

@@ -1,8 +1,8 @@
-import { LevelStore } from './level.js'
+import { LevelStore, makeDataDir } from './level.js'
 import type { Store as StoreApi, StoreOptions } from './types.js'
 
 export type { BatchOp, Collection, RangeOptions, StoreOptions, Txn } from './types.js'
-export { LevelStore }
+export { LevelStore, makeDataDir }
 
 /** The durable state, on whichever backend the config names (`store.postgresUrl`, else LevelDB). */
 export type Store = StoreApi

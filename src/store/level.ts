@@ -100,11 +100,14 @@ export class LevelStore implements Store {
 
   /** Open (creating if needed) the LevelDB under `<dataDir>/state` and its log under `<dataDir>/wal`. */
   static async open(dataDir: string, opts: StoreOptions = {}): Promise<LevelStore> {
-    mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+    makeDataDir(dataDir)
     let lock: FileLock
     try {
       lock = lockFile(join(dataDir, LOCK_FILE), `the data directory ${dataDir}`)
     } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code
+      // Not held by another Paygate: this process may not write there.
+      if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') throw unusableDir(dataDir, e)
       throw new PaygateError('unavailable', `${(e as Error).message}; stop that Paygate or choose another data directory (dataDir, PAYGATE_DATA_DIR)`)
     }
     const store = new LevelStore(join(dataDir, 'state'))
@@ -223,5 +226,17 @@ export class LevelStore implements Store {
       this.lock?.release()
     })()
     return this.closed
+  }
+}
+
+const unusableDir = (dataDir: string, e: unknown): PaygateError =>
+  new PaygateError('invalid_config', `the data directory ${dataDir} cannot be used: ${(e as Error).message} (dataDir, PAYGATE_DATA_DIR)`)
+
+/** The data directory, made if missing (0700: it holds keys), or a refusal naming the setting (a file there, no permission). */
+export function makeDataDir(dataDir: string): void {
+  try {
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  } catch (e) {
+    throw unusableDir(dataDir, e)
   }
 }
