@@ -1,5 +1,5 @@
 import { PaygateError } from '../errors/index.js'
-import { UpstreamError } from '../upstream/errors.js'
+import { UpstreamError, upstreamError } from '../upstream/errors.js'
 import { jsonDepth } from '../util/json-depth.js'
 
 /** Deepest JSON a sub-agent's answer may nest to be returned parsed (deeper: as text). */
@@ -56,3 +56,16 @@ export function withExtra(e: PaygateError, extra: Record<string, unknown>): Payg
 /** The sub-agent answered with an error status (or a 402 Paygate could not pay). */
 export const failedAnswer = (status: number, extra: Record<string, unknown>): PaygateError =>
   new PaygateError('sub_agent_failed', `the sub-agent answered ${status}`, { extra: { upstreamStatus: status, ...extra } })
+
+/**
+ * A failure while reading the body of the sub-agent's answer (it broke off, the socket closed,
+ * a chunk never came): 502 `sub_agent_failed` with the status it had sent, since the failure is
+ * the sub-agent's, not Paygate's. A timeout stays one (504); our own refusals (too large) pass as they are.
+ */
+export function brokenAnswer(e: unknown, status: number): unknown {
+  if (e instanceof PaygateError) return e
+  const err = e instanceof Error ? e : new Error(String(e))
+  const mapped = err instanceof UpstreamError ? err : upstreamError(err)
+  if (mapped instanceof UpstreamError && mapped.kind === 'timeout') return mapped
+  return new PaygateError('sub_agent_failed', `the sub-agent's answer broke off: ${err.message}`, { extra: { upstreamStatus: status }, cause: e })
+}

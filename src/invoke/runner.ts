@@ -16,7 +16,7 @@ import { collect } from '../util/collect.js'
 import { formatUnits, usdc } from '../util/money.js'
 import { outcome } from '../util/result.js'
 import type { Wallets } from '../wallet/wallets.js'
-import { failedAnswer, invokeFailure, outputOf, withExtra } from './answer.js'
+import { brokenAnswer, failedAnswer, invokeFailure, outputOf, withExtra } from './answer.js'
 
 export interface InvokeDeps {
   engine: PaymentEngine
@@ -198,7 +198,9 @@ export class InvocationRunner {
       throw failedAnswer(status, {})
     }
     const tooLarge = (): Error => new PaygateError('sub_agent_failed', `the sub-agent's answer exceeds ${MAX_OUTPUT_BYTES} bytes`, { extra: { upstreamStatus: status } })
-    const body = await collect(out.response.body, MAX_OUTPUT_BYTES, tooLarge, undefined, bodyDeadline(this.d.timeoutMs))
+    const body = await collect(out.response.body, MAX_OUTPUT_BYTES, tooLarge, undefined, bodyDeadline(this.d.timeoutMs)).catch((e: unknown) => {
+      throw brokenAnswer(e, status)
+    })
     return outputOf(body)
   }
 

@@ -1,0 +1,44 @@
+import t from 'tap'
+import { createServer, type RequestListener } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { startTestGateway } from '../helpers/gateway.js'
+
+/**
+ * POST /v1/agents/invoke against sub-agents that answer badly (a broken body, a redirect), the
+ * request's own checks, and the methods of its path: what the orchestrator gets back.
+ */
+const gw = await startTestGateway()
+t.teardown(() => gw.close())
+await gw.api('POST', '/v1/agents', { body: { agentId: 'orch' } })
+await gw.api('POST', '/v1/wallets', { body: { agentId: 'orch' } })
+
+/** A plain HTTP server on loopback, closed when the test file ends; its URL. */
+async function serve(handler: RequestListener): Promise<string> {
+  const s = createServer(handler)
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
+  t.teardown(
+    () =>
+      new Promise<void>((r) => {
+        s.closeAllConnections()
+        s.close(() => r())
+      }),
+  )
+  return `http://127.0.0.1:${(s.address() as AddressInfo).port}/task`
+}
+
+const invoke = (body: Record<string, unknown>) => gw.api('POST', '/v1/agents/invoke', { headers: { 'x-agent-id': 'orch' }, body })
+
+t.test('a sub-agent that breaks off its answer body: 502 sub_agent_failed with the usual fields, not 500', async (t) => {
+  const url = await serve((req, res) => {
+    req.resume()
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': '1000' })
+      res.write('{"output": "the first part')
+      setTimeout(() => res.socket?.destroy(), 50)
+    })
+  })
+  const r = await invoke({ agentEndpoint: url, task: {}, budget: { usdc: 0.01 } })
+  t.same([r.status, r.body.error, r.body.upstreamStatus], [502, 'sub_agent_failed', 200], r.text)
+  t.same([r.body.totalCost, r.body.paymentChain], [{ usdc: 0 }, []])
+  t.match(r.body, { invocationId: String, txHash: /^0x[0-9a-f]{64}$/ })
+})
