@@ -193,7 +193,8 @@ export class InvocationRunner {
       timeoutMs: this.d.timeoutMs,
     })
     const status = out.response.status
-    if (out.unpaid || status >= 400) {
+    // Anything but 2xx is a failure: a redirect is not followed (its Location could point anywhere the orchestrator did not choose).
+    if (out.unpaid || status < 200 || status > 299) {
       out.response.body.resume()
       throw failedAnswer(status, {})
     }

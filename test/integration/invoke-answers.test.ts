@@ -42,3 +42,19 @@ t.test('a sub-agent that breaks off its answer body: 502 sub_agent_failed with t
   t.same([r.body.totalCost, r.body.paymentChain], [{ usdc: 0 }, []])
   t.match(r.body, { invocationId: String, txHash: /^0x[0-9a-f]{64}$/ })
 })
+
+t.test('a redirect from the sub-agent is a failure, not followed: 502 with its status', async (t) => {
+  let followed = 0
+  const elsewhere = await serve((_req, res) => {
+    followed++
+    res.writeHead(200, { 'content-type': 'application/json' }).end('{"output":"elsewhere"}')
+  })
+  const url = await serve((req, res) => {
+    req.resume()
+    req.on('end', () => res.writeHead(302, { location: elsewhere }).end())
+  })
+  const r = await invoke({ agentEndpoint: url, task: {}, budget: { usdc: 0.01 } })
+  t.same([r.status, r.body.error, r.body.upstreamStatus], [502, 'sub_agent_failed', 302], r.text)
+  t.notOk('output' in r.body)
+  t.equal(followed, 0, 'the Location is not called')
+})
