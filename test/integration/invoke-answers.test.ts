@@ -58,3 +58,19 @@ t.test('a redirect from the sub-agent is a failure, not followed: 502 with its s
   t.notOk('output' in r.body)
   t.equal(followed, 0, 'the Location is not called')
 })
+
+t.test('budget: an unknown field inside it is 400 naming it; a bad amount names budget.usdc', async (t) => {
+  const endpoint = 'http://127.0.0.1:1/task'
+  const cases: [unknown, string][] = [
+    [{ usdc: 1, eur: 2 }, 'budget.eur'],
+    [{ usdc: -1 }, 'budget.usdc'],
+    [{ usdc: 'lots' }, 'budget.usdc'],
+    [{}, 'budget.usdc'],
+    [1, 'budget'],
+  ]
+  for (const [budget, field] of cases) {
+    const r = await invoke({ agentEndpoint: endpoint, task: {}, budget })
+    t.same([r.status, r.body.error, r.body.field], [400, 'invalid_request', field], JSON.stringify(budget))
+  }
+  t.match((await invoke({ agentEndpoint: endpoint, task: {}, budget: { usdc: 1, eur: 2 } })).body.detail, /budget\.eur/)
+})

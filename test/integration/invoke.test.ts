@@ -338,7 +338,7 @@ t.test('invoke input: 400 naming the field, 404 for an unknown orchestrator, 403
     [{ task: 1, budget: { usdc: 1 } }, {}, 'agentEndpoint'],
     [{ agentEndpoint: 'ftp://x', task: 1, budget: { usdc: 1 } }, {}, 'agentEndpoint'],
     [{ agentEndpoint: 'http://127.0.0.1:1/', budget: { usdc: 1 } }, {}, 'task'],
-    [{ agentEndpoint: 'http://127.0.0.1:1/', task: 1, budget: { usdc: -1 } }, {}, 'budget'],
+    [{ agentEndpoint: 'http://127.0.0.1:1/', task: 1, budget: { usdc: -1 } }, {}, 'budget.usdc'],
     [{ agentEndpoint: 'http://127.0.0.1:1/', task: 1, budget: { usdc: 1 }, runId: 'bad id' }, {}, 'runId'],
   ]
   for (const [body, , field] of cases) {

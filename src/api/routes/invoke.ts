@@ -12,15 +12,18 @@ import { requireAgentAccess, type Route } from '../router.js'
 export const RUN_ID_RE = /^[A-Za-z0-9._-]{1,64}$/
 
 function parseBudget(v: unknown): bigint {
-  const usdcValue = v !== null && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>).usdc : undefined
-  if (typeof usdcValue !== 'number' && typeof usdcValue !== 'string') throw invalid('budget', 'budget must be {usdc: <decimal amount>}')
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw invalid('budget', 'budget must be {usdc: <decimal amount>}')
+  // Unknown fields are refused as at the top level: a currency other than usdc must not pass as a cap it is not.
+  for (const k of Object.keys(v)) if (k !== 'usdc') throw invalid(`budget.${k}`, `unknown field budget.${k}`)
+  const usdcValue = (v as Record<string, unknown>).usdc
+  if (typeof usdcValue !== 'number' && typeof usdcValue !== 'string') throw invalid('budget.usdc', 'budget.usdc (a decimal amount) is required')
   let units: bigint
   try {
     units = parseDecimal(usdcValue)
   } catch (e) {
-    throw invalid('budget', `budget.usdc ${e instanceof AmountError ? e.message : 'is not an amount'}`)
+    throw invalid('budget.usdc', `budget.usdc ${e instanceof AmountError ? e.message : 'is not an amount'}`)
   }
-  if (units > MAX_USDC_UNITS) throw invalid('budget', 'budget.usdc is out of range')
+  if (units > MAX_USDC_UNITS) throw invalid('budget.usdc', 'budget.usdc is out of range')
   return units
 }
 
