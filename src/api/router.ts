@@ -37,6 +37,8 @@ export interface Route {
 
 interface Compiled extends Route {
   segments: string[]
+  /** One character per segment, '1' literal and '0' parameter: the greater, the more specific. */
+  literal: string
 }
 
 export type Match = { route: Route; params: Record<string, string> } | { allow: string[] } | null
@@ -45,7 +47,10 @@ export class Router {
   private readonly routes: Compiled[] = []
 
   add(...routes: Route[]): this {
-    for (const r of routes) this.routes.push({ ...r, segments: r.path.split('/').filter(Boolean) })
+    for (const r of routes) {
+      const segments = r.path.split('/').filter(Boolean)
+      this.routes.push({ ...r, segments, literal: segments.map((p) => (p.startsWith(':') ? '0' : '1')).join('') })
+    }
     return this
   }
 
@@ -60,17 +65,30 @@ export class Router {
     return this.routes.some((r) => r.access === 'public' && sameShape(r.segments, parts))
   }
 
-  /** The route for a method and path; `{allow}` when the path exists under other methods. */
+  /**
+   * The route for a method and path; `{allow}` when the path exists under other methods. A path
+   * a literal pattern names belongs to it alone (`/v1/agents/invoke` is not `/v1/agents/:agentId`
+   * with the id `invoke`): only the most specific patterns that match it count, for the route
+   * and for the Allow list.
+   */
   match(method: string, pathname: string): Match {
     const parts = pathname.split('/').filter(Boolean)
-    const allow: string[] = []
+    let allow: string[] = []
+    let best = ''
+    let found: { route: Route; params: Record<string, string> } | null = null
     for (const r of this.routes) {
+      if (r.literal < best || r.segments.length !== parts.length) continue
       const params = matchSegments(r.segments, parts)
       if (!params) continue
-      if (r.method === method) return { route: r, params }
+      if (r.literal > best) {
+        best = r.literal
+        allow = []
+        found = null
+      }
+      if (r.method === method) found ??= { route: r, params }
       allow.push(r.method)
     }
-    return allow.length ? { allow } : null
+    return found ?? (allow.length ? { allow } : null)
   }
 }
 

@@ -74,3 +74,13 @@ t.test('budget: an unknown field inside it is 400 naming it; a bad amount names 
   }
   t.match((await invoke({ agentEndpoint: endpoint, task: {}, budget: { usdc: 1, eur: 2 } })).body.detail, /budget\.eur/)
 })
+
+t.test('/v1/agents/invoke under any other method: 405 with Allow: POST (not agent "invoke")', async (t) => {
+  for (const method of ['GET', 'DELETE', 'PUT', 'PATCH']) {
+    const r = await gw.api(method, '/v1/agents/invoke')
+    t.same([r.status, r.body?.error, r.headers.get('allow')], [405, 'method_not_allowed', 'POST'], method)
+  }
+  const agent = await gw.api('GET', '/v1/agents/orch')
+  t.same([agent.status, agent.body.agentId], [200, 'orch'], 'an agent id in that place is still an agent')
+  t.equal((await gw.api('PUT', '/v1/agents/orch')).headers.get('allow'), 'GET, DELETE')
+})
