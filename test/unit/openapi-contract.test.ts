@@ -1,6 +1,7 @@
 import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { ERROR_STATUS } from '../../src/errors/index.js'
+import { TX_STATUSES } from '../../src/ledger/transactions.js'
 import { Contract, DOC_FILE, type Answer } from '../helpers/openapi-contract.js'
 
 /**
@@ -100,6 +101,11 @@ t.test('every object schema with properties decides whether other fields are all
 
 t.test("the error body's codes are exactly the codes Paygate has", async (t) => {
   t.same([...contract.doc.components.schemas.Error.properties.error.enum].sort(), Object.keys(ERROR_STATUS).sort())
+})
+
+t.test("GET /v1/transactions' status filter lists every status the server accepts (invocation roots' too)", async (t) => {
+  const param = contract.doc.paths['/v1/transactions'].get.parameters.find((p: { name: string }) => p.name === 'status')
+  t.same([...param.schema.enum].sort(), [...TX_STATUSES].sort())
 })
 
 t.test("the spec's depth-0 rule: the root of a chain or tree has no protocol or endpoint", async (t) => {
