@@ -27,7 +27,7 @@ export interface InvokeDeps {
   transactions: Transactions
   outbox: Outbox
   clock: Clock
-  /** `invoke.timeoutMs`: how long the sub-agent may take to answer (headers, then each body chunk). */
+  /** `invoke.timeoutMs`: how long the sub-agent may take for its answer's headers, then again for its whole body. */
   timeoutMs: number
 }
 
