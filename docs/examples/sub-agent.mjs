@@ -39,4 +39,5 @@ createServer(async (req, res) => {
     res.writeHead(500, { 'content-type': 'application/json' })
     res.end(JSON.stringify({ error: String(e) }))
   }
-}).listen(port, () => console.log(`sub-agent on :${port}`))
+// Loopback only, like the Python one: only Paygate on this host should reach it.
+}).listen(port, '127.0.0.1', () => console.log(`sub-agent on 127.0.0.1:${port}`))

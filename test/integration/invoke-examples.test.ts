@@ -1,5 +1,6 @@
 import t, { type Test } from 'tap'
 import { spawn } from 'node:child_process'
+import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { startTestGateway, testChain } from '../helpers/gateway.js'
@@ -63,5 +64,23 @@ for (const [cmd, file] of [
     t.equal(r.body.output.budgetAtStart, '0.025')
     t.same(r.body.totalCost, { usdc: 0.02 })
     t.equal(r.body.paymentChain.length, 2)
+    // 127.0.0.2 is loopback too, but not the address it binds: one listening on all interfaces would answer there.
+    const other = await fetch(url.replace('127.0.0.1', '127.0.0.2'), { method: 'POST', body: '{}' }).then(
+      () => 'answered',
+      () => 'refused',
+    )
+    t.equal(other, 'refused', 'it listens on 127.0.0.1 only')
   })
 }
+
+t.test('invocation.md names exactly the environment variables the examples read', async (t) => {
+  const doc = readFileSync(new URL('../../docs/invocation.md', import.meta.url), 'utf8')
+  const sentence = /Both read ([\s\S]*?)\s+from the environment/.exec(doc)
+  t.ok(sentence, 'the sentence is there')
+  const named = [...(sentence?.[1] ?? '').matchAll(/`([A-Z_]+)`/g)].map((m) => m[1]).sort()
+  for (const file of ['sub-agent.mjs', 'sub_agent.py']) {
+    const src = readFileSync(new URL(`../../docs/examples/${file}`, import.meta.url), 'utf8')
+    const read = [...src.matchAll(/process\.env\.([A-Z_]+)|os\.environ(?:\.get\(|\[)"([A-Z_]+)"/g)].map((m) => m[1] ?? m[2])
+    t.same([...new Set(read)].sort(), named, file)
+  }
+})
