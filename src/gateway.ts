@@ -294,7 +294,7 @@ function buildApi({ config, log, clock, opts }: Ctx, l: Ledger, p: Paying, notif
     ...payRoutes(p.engine, p.idempotency),
     ...transactionRoutes(l.transactions, l.chain.info, async (id) => (await l.registry.getAgent(id)) !== undefined),
     ...openapiRoutes(),
-    ...runRoutes(p.invocations),
+    ...runRoutes(p.invocations, l.transactions),
     ...summaryRoutes({ store: l.store, chain: l.chain, outbox: l.outbox }),
     ...alertRoutes(notify),
     ...webhookRoutes(notify),

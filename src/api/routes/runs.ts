@@ -1,14 +1,15 @@
 import { validateAgentId } from '../../agents/registry.js'
 import { PaygateError, invalid, notFound } from '../../errors/index.js'
-import { costOf } from '../../invoke/runner.js'
+import { costFrom, subtreeOf, type Subtree } from '../../invoke/cost.js'
+import type { Transactions } from '../../ledger/transactions.js'
 import type { InvocationBook, InvocationRecord } from '../../policy/invocations.js'
 import { usdc } from '../../util/money.js'
 import { intParam } from '../http.js'
 import type { RouteCtx, Route } from '../router.js'
 import { RUN_ID_RE } from './invoke.js'
 
-/** One invocation as a run shows it. */
-export function invocationView(r: InvocationRecord): Record<string, unknown> {
+/** One invocation as a run shows it; `sub`: its subtree's payments as they stand now. */
+export function invocationView(r: InvocationRecord, sub: Subtree): Record<string, unknown> {
   return {
     invocationId: r.id,
     txHash: r.rootTxHash,
@@ -16,7 +17,7 @@ export function invocationView(r: InvocationRecord): Record<string, unknown> {
     status: r.status,
     agentEndpoint: r.agentEndpoint,
     budget: usdc(BigInt(r.cap)),
-    ...costOf(r),
+    ...costFrom(r, sub),
     ...(r.parentId ? { parentInvocationId: r.parentId } : {}),
     createdAt: new Date(r.createdAt).toISOString(),
     ...(r.closedAt !== undefined ? { closedAt: new Date(r.closedAt).toISOString() } : {}),
@@ -33,7 +34,7 @@ function agentOf(ctx: RouteCtx): string {
 }
 
 /** Runs: an orchestrator's invocations grouped by its `runId` (a pipeline or a fan-out). */
-export function runRoutes(book: InvocationBook): Route[] {
+export function runRoutes(book: InvocationBook, transactions: Transactions): Route[] {
   return [
     {
       method: 'GET',
@@ -58,9 +59,12 @@ export function runRoutes(book: InvocationBook): Route[] {
         if (!RUN_ID_RE.test(runId)) throw invalid('runId', 'runId must match [A-Za-z0-9._-]{1,64}')
         const invs = await book.ofRun(agentId, runId)
         if (!invs.length) throw notFound(`run ${runId} of agent ${agentId}`)
-        const total = invs.reduce((a, r) => a + BigInt(r.spent), 0n)
-        const txCount = invs.reduce((a, r) => a + r.chain.length, 0)
-        return { status: 200, body: { runId, agentId, invocations: invs.map(invocationView), totalCost: usdc(total), txCount } }
+        // From the transactions, not the records' close-time sums: a payment in flight at a close settles later.
+        const subs = await Promise.all(invs.map((r) => subtreeOf(transactions, r.rootTxId)))
+        // By id: an invocation nested in another of the same run is inside its subtree too.
+        const paid = new Map(subs.flatMap((s) => s.paid.map((p) => [p.id, BigInt(p.amount)] as const)))
+        const total = [...paid.values()].reduce((a, v) => a + v, 0n)
+        return { status: 200, body: { runId, agentId, invocations: invs.map((r, i) => invocationView(r, subs[i]!)), totalCost: usdc(total), txCount: paid.size } }
       },
     },
   ]
