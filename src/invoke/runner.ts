@@ -126,6 +126,8 @@ export class InvocationRunner {
       ...(input.idempotencyKey ? { idempotencyKey: input.idempotencyKey } : {}),
     }
     const entry: LedgerEntry = { id: recordIdOf(rootTxId), parentTxHash: (parentTxHash as `0x${string}` | null) ?? ZERO32, agentId, amount: 0n, protocol: '', origin: '', pathHash: ZERO32, depth }
+    // A later invocation of a run must not move the run's createdAt (concurrent first ones of a new run may each write theirs).
+    const runKnown = input.runId ? await this.d.book.hasRun(agentId, input.runId) : false
     let opened: InvocationRecord | null = null
     const shared = this.d.book.isShared
     const { result, written: locked } = await this.d.engine.recorder.usage(agentId, async (usage, tx) => {
@@ -145,7 +147,7 @@ export class InvocationRunner {
         opened = { ...base, rootTxHash: hash, capHold }
         const rootRec: TxRecord = { ...root, txHash: hash, ledger: { status: 'queued' } }
         this.d.transactions.pin(rootRec)
-        return [...this.d.transactions.ops(rootRec), ...this.d.book.opened(opened), ...(shared ? [] : [...parentOps, ...usageOps])]
+        return [...this.d.transactions.ops(rootRec), ...this.d.book.opened(opened, runKnown), ...(shared ? [] : [...parentOps, ...usageOps])]
       })
       // Shared by replicas: the carve and the cap hold are written under the locks they were
       // decided in (the outbox's batch lands after them, when another replica may have moved on).

@@ -190,8 +190,16 @@ export class InvocationBook {
     return this.shared ? this.ops(s) : []
   }
 
-  /** Operations that store a new open invocation with its indexes (in memory mode it is open from now). */
-  opened(opened: InvocationRecord): BatchOp[] {
+  /** Whether `agentId` has a run `runId` already (its first invocation is recorded). */
+  async hasRun(agentId: string, runId: string): Promise<boolean> {
+    return (await this.runs.get(`${agentId}\x00${runId}`)) !== undefined
+  }
+
+  /**
+   * Operations that store a new open invocation with its indexes (in memory mode it is open from
+   * now). `runKnown`: its run exists already, and keeps the `createdAt` of its first invocation.
+   */
+  opened(opened: InvocationRecord, runKnown = false): BatchOp[] {
     const rec: InvocationRecord = this.shared ? { ...opened, owner: this.shared.owner } : opened
     if (!this.shared) {
       this.open.set(rec.id, rec)
@@ -205,7 +213,7 @@ export class InvocationBook {
     ]
     if (rec.runId) {
       ops.push({ type: 'put', coll: this.byRun, key: `${rec.agentId}\x00${rec.runId}\x00${rec.id}`, value: '' })
-      ops.push({ type: 'put', coll: this.runs, key: `${rec.agentId}\x00${rec.runId}`, value: { createdAt: rec.createdAt } })
+      if (!runKnown) ops.push({ type: 'put', coll: this.runs, key: `${rec.agentId}\x00${rec.runId}`, value: { createdAt: rec.createdAt } })
     }
     if (rec.idempotencyKey) ops.push({ type: 'put', coll: this.byKey, key: `${rec.agentId}\x00${rec.idempotencyKey}`, value: rec.id })
     return ops

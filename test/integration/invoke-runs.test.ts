@@ -58,6 +58,18 @@ t.test('a payment in flight when the invocation times out counts in the run once
   t.same([inv.status, inv.totalCost, inv.paymentChain, 'pendingCost' in inv], ['closed', { usdc: 0.02 }, [...r.body.paymentChain, settled.body.txHash], false])
 })
 
+t.test("a run keeps its first invocation's createdAt", async (t) => {
+  const s = await subAgent(async () => 'done')
+  for (let i = 0; i < 2; i++) {
+    t.equal((await invoke({ agentEndpoint: s.url, task: { i }, budget: { usdc: 0.01 }, runId: 'first' })).status, 200)
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  const invs = (await gw.api('GET', '/v1/runs/first?agentId=orch')).body.invocations as { createdAt: string }[]
+  t.not(invs[0]!.createdAt, invs[1]!.createdAt)
+  const listed = (await gw.api('GET', '/v1/runs?agentId=orch')).body.runs.find((r: { runId: string }) => r.runId === 'first')
+  t.equal(listed.createdAt, invs[0]!.createdAt)
+})
+
 t.test('invoke.timeoutMs bounds the whole body, not each chunk: a body trickling in is cut off (504)', async (t) => {
   const timers = new Set<NodeJS.Timeout>()
   const drip = createServer((req, res) => {
