@@ -108,18 +108,22 @@ export class Contract {
   }
 
   /**
-   * The template a concrete path (query string allowed) falls under for `method`: of the templates
-   * it matches, one documenting the method, the most literal first (as `/v1/agents/invoke` goes
-   * before `/v1/agents/{agentId}`). `allow` when it matches only templates without the method.
+   * The template a concrete path (query string allowed) falls under for `method`. As the router
+   * matches: a path a more literal template names belongs to it alone (`/v1/agents/invoke` is not
+   * `/v1/agents/{agentId}`), so only the most literal matching templates count. `allow` when
+   * none of them documents the method.
    */
   find(method: string, concrete: string): { path: string } | { allow: string[] } | null {
     const parts = new URL(concrete, 'http://x').pathname.split('/').filter(Boolean)
     const matching = this.templates.filter((t) => t.segments.length === parts.length && t.segments.every((s, i) => s === null || s === parts[i]))
     if (!matching.length) return null
-    const literal = (t: Template): number => t.segments.filter((s) => s !== null).length
-    const withMethod = matching.filter((t) => t.methods.includes(method.toUpperCase())).sort((a, b) => literal(b) - literal(a))
-    if (withMethod.length) return { path: withMethod[0]!.path }
-    return { allow: [...new Set(matching.flatMap((t) => t.methods))].sort() }
+    // Literal segments as '1', parameters as '0': the greatest string is the most specific (the router's rule).
+    const literal = (t: Template): string => t.segments.map((s) => (s === null ? '0' : '1')).join('')
+    const best = matching.map(literal).sort().at(-1)
+    const top = matching.filter((t) => literal(t) === best)
+    const withMethod = top.find((t) => t.methods.includes(method.toUpperCase()))
+    if (withMethod) return { path: withMethod.path }
+    return { allow: [...new Set(top.flatMap((t) => t.methods))].sort() }
   }
 
   private validator(path: string, method: string, status: string, media: string, schema: unknown): ValidateFunction {

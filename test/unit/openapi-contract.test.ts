@@ -41,9 +41,10 @@ t.test('an undocumented status, content type or body fails', async (t) => {
   t.match(contract.check('GET', '/v1/nothing', json(404, { error: 'not_found', detail: 'x' })), [/no documented path matches/])
 })
 
-t.test('paths: literal segments go before parameters; a method the path lacks must be a 405 with the documented Allow', async (t) => {
+t.test('paths: a literal path belongs to its own template; a method the path lacks must be a 405 with the documented Allow', async (t) => {
   t.same(contract.find('POST', '/v1/agents/invoke'), { path: '/v1/agents/invoke' })
-  t.same(contract.find('GET', '/v1/agents/invoke?x=1'), { path: '/v1/agents/{agentId}' })
+  t.same(contract.find('GET', '/v1/agents/invoke?x=1'), { allow: ['POST'] }, 'not /v1/agents/{agentId} with the id invoke')
+  t.same(contract.find('GET', '/v1/agents/a'), { path: '/v1/agents/{agentId}' })
   t.same(contract.find('PUT', '/v1/agents/a'), { allow: ['DELETE', 'GET'] })
   t.equal(contract.find('GET', '/v1/agents/a/b/c'), null)
   const e = { error: 'method_not_allowed', detail: 'x' }
