@@ -47,6 +47,11 @@ export class RequestAccounting {
     }
   }
 
+  /** A request refused 407 (no agent: credentials missing or wrong): a failure, so always its line. */
+  denied(method: string | undefined, host: string | undefined): void {
+    this.access({ method, host, status: 407, error: 'unauthorized' })
+  }
+
   /** With `accessLog: false`, the line only for payments and failures (a paid or failed request is always logged). */
   private report(agentId: string, method: string, host: string, a: Accounted, ms: number): void {
     if (channels.proxyRequest.hasSubscribers) channels.proxyRequest.publish({ agentId, method, status: a.status, paid: a.paid, error: a.error, durationMs: ms })

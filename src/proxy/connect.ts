@@ -26,7 +26,7 @@ export async function onConnect(ctx: ProxyContext, authority: string, headers: I
   // Read before verifying: a revocation meanwhile makes the tunnel's first request check again.
   const revision = ctx.d.registry.revision
   const agentId = await ctx.identity.of(headers)
-  if (!agentId) return ctx.deny(socket)
+  if (!agentId) return ctx.deny(socket, false, 'CONNECT', authority)
   // The guard refuses at once what it can decide without resolving (IP literals in any
   // spelling, metadata and denied names, localhost on Paygate's own ports); a pass-through
   // connection resolves through it, and every connection for an intercepted tunnel asks again.

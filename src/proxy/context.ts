@@ -45,8 +45,8 @@ export interface ProxyContext {
   readonly egress: EgressGuard
   readonly counters: ProxyCounters
   readonly idleTimeoutMs: number
-  /** The one 407 answer (counted as an auth failure); `close`: a revoked tunnel ends with it. */
-  deny(to: Sink, close?: boolean): Promise<void>
+  /** The one 407 answer (counted as an auth failure, and logged with what is known of the request); `close`: a revoked tunnel ends with it. */
+  deny(to: Sink, close?: boolean, method?: string, host?: string): Promise<void>
   /** True at once while nothing was revoked since the tunnel's credential was checked, else whether it still holds. */
   authorizeTunnel(t: Tunnel): true | Promise<boolean>
   /** Serve a connection on the fast path (a tunnel's requests too). */

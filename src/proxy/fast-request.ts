@@ -83,7 +83,7 @@ export class FastRequests {
       const inTunnel = (): Target => ({ agentId: t.agentId, url: t.origin + head.target, host: t.authority, dest: t.dest, path: head.target, origin: t.origin })
       if (held === true) return inTunnel()
       // The key was revoked since CONNECT: the 407 a new connection would get, then the tunnel ends.
-      return held.then((ok) => (ok ? inTunnel() : this.ctx.deny(sink, true).then(() => null)))
+      return held.then((ok) => (ok ? inTunnel() : this.ctx.deny(sink, true, head.method, t.authority).then(() => null)))
     }
     const headers = head.map as IncomingHttpHeaders
     const known = this.ctx.identity.known(headers)
@@ -91,9 +91,9 @@ export class FastRequests {
     return this.ctx.identity.of(headers).then((id) => this.absolute(id, sink, head.target))
   }
 
-  private absolute(agentId: string | null, sink: Sink, requestTarget: string): Target | Promise<null> {
-    if (!agentId) return this.ctx.deny(sink).then(() => null)
+  private absolute(agentId: string | null, sink: Sink & { method: string }, requestTarget: string): Target | Promise<null> {
     const target = httpTarget(requestTarget)
+    if (!agentId) return this.ctx.deny(sink, false, sink.method, target?.authority).then(() => null)
     if (!target) return sendError(sink, notAbsolute('http://host/path')).then(() => null)
     const dest = { https: false, host: target.hostname, port: target.port }
     return { agentId, url: target.href, host: target.authority, dest, path: target.path, origin: `http://${target.authority}` }

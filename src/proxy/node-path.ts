@@ -96,7 +96,7 @@ export class NodePath {
       return sendError(res, notAbsolute('http://host/path'))
     }
     const agentId = await this.ctx.identity.of(req.headers)
-    if (!agentId) return this.ctx.deny(res)
+    if (!agentId) return this.ctx.deny(res, false, req.method, url.host)
     await this.handle(req, res, agentId, url.href, url.host)
   }
 

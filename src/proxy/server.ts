@@ -38,6 +38,7 @@ export class ProxyServer implements FastHost, ProxyContext {
   readonly counters: ProxyCounters = { requests: 0, authFailures: 0, tunnels: 0 }
   readonly idleTimeoutMs: number
   private readonly fast: FastRequests
+  private readonly accounting: RequestAccounting
   private readonly node: NodePath
   private readonly upgrades: Upgrades
 
@@ -46,7 +47,7 @@ export class ProxyServer implements FastHost, ProxyContext {
     this.egress = d.upstream.egress
     this.origins = new OriginPool(d.upstream.secureContext, this.egress, d.upstream.timeoutMs)
     this.idleTimeoutMs = d.idleTimeoutMs ?? 65_000
-    const accounting = new RequestAccounting(d.log, d.accessLog, this.counters)
+    const accounting = (this.accounting = new RequestAccounting(d.log, d.accessLog, this.counters))
     this.fast = new FastRequests(this, accounting, this.origins)
     this.upgrades = new Upgrades(this)
     this.node = new NodePath(this, accounting, {
@@ -79,8 +80,9 @@ export class ProxyServer implements FastHost, ProxyContext {
     })
   }
 
-  deny(to: Sink, close = false): Promise<void> {
+  deny(to: Sink, close = false, method?: string, host?: string): Promise<void> {
     this.counters.authFailures++
+    this.accounting.denied(method, host)
     return sendError(to, DENIED, close)
   }
 

@@ -58,6 +58,18 @@ t.test('every 407 counts as an auth failure: fast path, CONNECT and an absolute-
     t.match(got, /proxy-authenticate: Basic realm="paygate"/i)
     t.equal(counters.authFailures, before + 1, 'counted once')
   }
+  // A 407 is a failed request: each has its access line (the logger writes lines in batches).
+  await new Promise((r) => setTimeout(r, 50))
+  const denied = gw.logs.filter((l) => l.includes('"msg":"proxy request"') && l.includes('"status":407') && l.includes('"error":"unauthorized"'))
+  t.equal(denied.length, 3, 'each logged')
+  t.ok(
+    denied.some((l) => l.includes('"method":"CONNECT"') && l.includes(`"host":"${target}"`)),
+    'with what is known of the request',
+  )
+  t.ok(
+    denied.some((l) => l.includes('"method":"GET"') && l.includes(`"host":"${target}"`)),
+    'the fast path too',
+  )
 })
 
 t.test('a request is counted and published on paygate:proxy:request', async (t) => {
