@@ -15,7 +15,7 @@ import { PaygateError, isPaygateError } from '../errors/index.js'
 import { scrubSecrets } from '../log/index.js'
 import { startDemoMerchant, type DemoMerchant } from './merchant.js'
 import { api, demoTarget, refuseExternal, type DemoTarget } from './target.js'
-import { commands, paidLine, type Paid, type TxShown } from './report.js'
+import { commands, DASHBOARD_PATH, paidLine, type Paid, type TxShown } from './report.js'
 
 const AGENT = 'demo-agent'
 const PRICE = '0.01'
@@ -114,7 +114,15 @@ async function main(): Promise<void> {
     const after = (await api(t, 'GET', `/v1/wallets/${AGENT}`)).body
     say(`Balance: ${before.balance.usdc} USDC before, ${after.balance.usdc} USDC after`)
     say()
-    for (const line of commands({ t, merchantUrl: merchant.url, agent: AGENT, keyFile })) say(line)
+    // The gateway may run with api.dashboard false: its / then answers 404.
+    const dashboard = await fetch(`${t.apiUrl}${DASHBOARD_PATH}`, { redirect: 'manual' }).then(
+      (r) => {
+        void r.body?.cancel()
+        return r.status !== 404
+      },
+      () => false,
+    )
+    for (const line of commands({ t, merchantUrl: merchant.url, agent: AGENT, keyFile, dashboard })) say(line)
     say()
     say('The demo merchant keeps running (and the gateway, if the demo started it). Press Ctrl-C to stop.')
   } catch (e) {

@@ -36,11 +36,12 @@ export function paidLine(p: Paid): string[] {
 /** The dashboard's path on the API port (issue 25 serves it at `/`). */
 export const DASHBOARD_PATH = '/'
 
-export function commands(o: { t: DemoTarget; merchantUrl: string; agent: string; keyFile: string }): string[] {
+/** `dashboard`: whether the gateway serves it (api.dashboard). */
+export function commands(o: { t: DemoTarget; merchantUrl: string; agent: string; keyFile: string; dashboard: boolean }): string[] {
   const { t, merchantUrl, agent, keyFile } = o
   const proxy = new URL(t.proxyUrl)
   return [
-    `Dashboard: ${t.apiUrl}${DASHBOARD_PATH}`,
+    o.dashboard ? `Dashboard: ${t.apiUrl}${DASHBOARD_PATH}` : 'Dashboard: not served by this gateway (api.dashboard is false)',
     'Try it yourself (copy and paste; they work while the demo runs):',
     '',
     `  curl -s -x "http://${agent}:$(cat ${keyFile})@${proxy.host}" ${merchantUrl}/paid`,

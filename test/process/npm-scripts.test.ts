@@ -161,6 +161,8 @@ t.test('npm run demo in a temp dir: pays twice, the printed commands work as wri
   t.match(JSON.parse(paid!), { protocol: 'mpp', amountPaid: { usdc: 0.01 }, status: 200 })
   t.equal(JSON.parse(txs!).transactions.length, 4, 'the demo’s two payments and the two commands’')
   t.type(JSON.parse(wallet!).balance.usdc, 'number')
+  const dashboard = demo.out.find((l) => l.includes('Dashboard: '))
+  t.match(dashboard, /Dashboard: http:\/\/127\.0\.0\.1:\d+\/$/, 'the dashboard link')
   process.kill(-demo.proc.pid!, 'SIGINT')
   t.equal(await demo.exited, 0)
   t.notOk(existsSync(dir!), 'the temp dir is removed')
@@ -169,7 +171,8 @@ t.test('npm run demo in a temp dir: pays twice, the printed commands work as wri
 
 t.test('npm run demo against a running gateway uses it (its account key file) and leaves it running', async (t) => {
   const dataDir = testDir(t)
-  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir })
+  // Without its dashboard: the demo must not print a link that answers 404.
+  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_API_DASHBOARD: 'false' })
   t.teardown(() => gw.stop('SIGKILL'))
   const started = gw.stdout.map((l) => JSON.parse(l)).find((j) => j.msg === 'paygate started')
   const env = { PAYGATE_DATA_DIR: dataDir, PAYGATE_API_PORT: new URL(started.api).port, PAYGATE_PROXY_PORT: new URL(started.proxy).port }
@@ -180,6 +183,10 @@ t.test('npm run demo against a running gateway uses it (its account key file) an
   const [proxied] = await printedCommands(t, demo.out)
   t.match(JSON.parse(proxied!), { ok: true, paidWith: 'x402' })
   t.match(demo.out.join('\n'), `$(cat ${join(dataDir, 'account-key')})`, 'commands read the key file, the key is not printed')
+  t.ok(
+    demo.out.some((l) => l.includes('Dashboard: not served by this gateway (api.dashboard is false)')),
+    'no link to a dashboard that is not served',
+  )
   process.kill(-demo.proc.pid!, 'SIGINT')
   t.equal(await demo.exited, 0)
   t.equal((await fetch(`${started.api}/healthz`)).status, 200, 'the gateway still runs')
