@@ -14,7 +14,7 @@ export interface ChannelMessages {
   /** A payment settled and its record (with its ledger record) was written. */
   'paygate:payment:paid': { agentId: string; transactionId: string; protocol: string; rail: string; amount: bigint; latencyMs: number }
   /** A payment was sent and did not settle: `held` while it may still, else failed and released. */
-  'paygate:payment:failed': { agentId: string; transactionId: string; protocol: string; held: boolean; error: string }
+  'paygate:payment:failed': { agentId: string; transactionId: string; protocol: string; rail: string; held: boolean; error: string }
   /** A policy refused a payment (recorded as a `rejected` transaction). */
   'paygate:payment:rejected': { agentId: string; transactionId: string; reason: string }
   /** A JSON-RPC call to the chain answered (`error` false) or failed. */

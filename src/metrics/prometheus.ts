@@ -105,7 +105,7 @@ export class PrometheusMetrics {
       amounts.observe({ protocol: m.protocol }, usdcFloat(m.amount))
       latency.observe({ protocol: m.protocol }, seconds(m.latencyMs))
     })
-    this.on('paygate:payment:failed', (m) => payments.inc(this.withAgent({ protocol: m.protocol, rail: 'unknown', outcome: m.held ? 'held' : 'failed' }, m.agentId)))
+    this.on('paygate:payment:failed', (m) => payments.inc(this.withAgent({ protocol: m.protocol, rail: m.rail, outcome: m.held ? 'held' : 'failed' }, m.agentId)))
     this.on('paygate:payment:rejected', (m) => {
       payments.inc(this.withAgent({ protocol: 'none', rail: 'none', outcome: 'rejected' }, m.agentId))
       rejections.inc(this.withAgent({ reason: m.reason }, m.agentId))

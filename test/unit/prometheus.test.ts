@@ -29,6 +29,22 @@ t.test('agent labels only when asked for', async (t) => {
   }
 })
 
+t.test('a failed or held payment is counted under its own rail; a rejection under none', async (t) => {
+  const p = new PrometheusMetrics(sources, { agentLabels: false })
+  t.teardown(() => p.close())
+  channels.paymentFailed.publish({ agentId: 'a1', transactionId: 'tx_3', protocol: 'mpp', rail: 'card', held: false, error: 'expired' })
+  channels.paymentFailed.publish({ agentId: 'a1', transactionId: 'tx_4', protocol: 'x402', rail: 'stablecoin', held: true, error: 'no answer' })
+  channels.paymentRejected.publish({ agentId: 'a1', transactionId: 'tx_5', reason: 'domain_blocked' })
+  t.same(
+    (await samples(p, 'paygate_payments_total')).map((m) => m.labels),
+    [
+      { protocol: 'mpp', rail: 'card', outcome: 'failed' },
+      { protocol: 'x402', rail: 'stablecoin', outcome: 'held' },
+      { protocol: 'none', rail: 'none', outcome: 'rejected' },
+    ],
+  )
+})
+
 t.test('gauges and mirrored counters read the components when scraped; registered gauges too', async (t) => {
   const p = new PrometheusMetrics(sources, { agentLabels: false })
   t.teardown(() => p.close())
