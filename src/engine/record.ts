@@ -106,7 +106,14 @@ export class Recorder {
     const w = await written
     if (!w.ok) throw w.error
     if (rec.authorization && channels.paymentFailed.hasSubscribers) {
-      channels.paymentFailed.publish({ agentId: rec.agentId, transactionId: rec.id, protocol: rec.protocol ?? 'x402', rail: rec.rail ?? 'stablecoin', held: reservation === 'keep', error: next.error ?? '' })
+      channels.paymentFailed.publish({
+        agentId: rec.agentId,
+        transactionId: rec.id,
+        protocol: rec.protocol ?? 'x402',
+        rail: rec.rail ?? 'stablecoin',
+        held: reservation === 'keep',
+        error: next.error ?? '',
+      })
     }
   }
 
