@@ -5,7 +5,7 @@ import type { Clock } from '../util/clock.js'
 import { randomBase62 } from '../util/random.js'
 import type { AttemptResult } from './channels/http.js'
 import { maskChannel } from './mask.js'
-import type { Delivery, DeliveryStatus } from './model.js'
+import type { Channel, Delivery, DeliveryStatus } from './model.js'
 import { afterFailure, ok } from './schedule.js'
 
 export type Sender = (d: Delivery) => Promise<AttemptResult>
@@ -21,6 +21,8 @@ export interface ReplicaLeases {
 export interface QueueOptions {
   /** Attempts in flight at once. */
   concurrency: number
+  /** Attempts in flight at once to one destination (`destinationOf`). Default `PER_DESTINATION`. */
+  perDestination?: number
   /** How often (real time) the queue looks for attempts that came due. */
   pollMs?: number
   /** Delivered and dropped deliveries are deleted this long after their last change. */
@@ -40,6 +42,23 @@ const FENCE_MARGIN_MS = 2_000
 export const newDeliveryId = (now: number): string => `dl_${now.toString(36).padStart(9, '0')}${randomBase62(10)}`
 
 const SWEEP_EVERY_MS = 3_600_000
+
+/**
+ * Attempts in flight at once to one destination: a receiver that hangs holds at most this
+ * many of the `concurrency` slots (each for up to notify.timeoutMs), so the deliveries of
+ * every other destination keep going while its own wait their turn.
+ */
+export const PER_DESTINATION = 2
+
+/** Where an attempt goes, as far as a hang is shared: a URL's origin; every e-mail goes through the one SMTP server. */
+export function destinationOf(c: Channel): string {
+  if (c.type === 'email') return 'smtp'
+  try {
+    return new URL(c.url).origin
+  } catch {
+    return c.url
+  }
+}
 
 /**
  * The durable delivery queue. Every delivery is a record in the store (`notifyDeliveries`,
@@ -65,6 +84,10 @@ export class DeliveryQueue {
   /** Deliveries waiting (pending, retrying) by id, with when they are due: the records stay on disk, read when attempted. */
   private readonly waiting = new Map<string, number>()
   private readonly inFlight = new Set<string>()
+  /** Attempts in flight by destination (`destinationOf`). */
+  private readonly busy = new Map<string, number>()
+  /** The destination of waiting deliveries, once known (accepted here, or read by an attempt): the pump skips those whose destination is full. */
+  private readonly dests = new Map<string, string>()
   private readonly running = new Set<Promise<void>>()
   private timer: NodeJS.Timeout | null = null
   private sweepTimer: NodeJS.Timeout | null = null
@@ -72,6 +95,7 @@ export class DeliveryQueue {
   private adopting: Promise<number> | null = null
   private closed = false
   private readonly pollMs: number
+  private readonly perDestination: number
   /** This replica's id when replicas share the store; null on LevelDB. */
   private readonly me: string | null
   /** Waiting deliveries of other replicas seen by the last look, with their owner: not read again while it lives. */
@@ -87,6 +111,7 @@ export class DeliveryQueue {
     this.coll = store.collection('notifyDeliveries')
     this.dueColl = store.collection('notifyDue')
     this.pollMs = opts.pollMs ?? 1000
+    this.perDestination = opts.perDestination ?? PER_DESTINATION
     this.me = opts.owners?.replicaId ?? null
   }
 
@@ -136,7 +161,10 @@ export class DeliveryQueue {
 
   /** Take deliveries whose ops are written. */
   accept(ds: readonly Delivery[]): void {
-    for (const d of ds) this.waiting.set(d.id, d.nextAt ?? 0)
+    for (const d of ds) {
+      this.waiting.set(d.id, d.nextAt ?? 0)
+      this.dests.set(d.id, destinationOf(d.channel))
+    }
     this.kick()
   }
 
@@ -148,7 +176,11 @@ export class DeliveryQueue {
     this.pump()
   }
 
-  /** Start what is due, up to the concurrency; look again after `pollMs`. */
+  /**
+   * Start what is due, oldest first, up to the concurrency and, per destination, up to
+   * `perDestination`: a due delivery whose destination is full is passed over for the next
+   * one. Look again after `pollMs`.
+   */
   private pump(): void {
     if (this.closed) return
     const now = this.clock.now()
@@ -156,8 +188,13 @@ export class DeliveryQueue {
     const due = this.inFlight.size >= this.opts.concurrency ? [] : [...this.waiting].filter(([id, at]) => !this.inFlight.has(id) && at <= now).sort((a, b) => a[1] - b[1])
     for (const [id] of due) {
       if (this.inFlight.size >= this.opts.concurrency) break
+      const dest = this.dests.get(id)
+      if (dest !== undefined && !this.claim(dest)) continue
+      // Not known yet (loaded at start, adopted): the attempt claims its destination once it has read the delivery.
+      const slot = { dest: dest ?? null }
       this.inFlight.add(id)
-      const p = this.attempt(id).finally(() => {
+      const p = this.attempt(id, slot).finally(() => {
+        if (slot.dest !== null) this.release(slot.dest)
         this.inFlight.delete(id)
         this.running.delete(p)
         this.kick()
@@ -171,6 +208,26 @@ export class DeliveryQueue {
       }, this.pollMs)
       this.timer.unref()
     }
+  }
+
+  /** Take one of `dest`'s slots; false when all are taken. */
+  private claim(dest: string): boolean {
+    const n = this.busy.get(dest) ?? 0
+    if (n >= this.perDestination) return false
+    this.busy.set(dest, n + 1)
+    return true
+  }
+
+  private release(dest: string): void {
+    const n = (this.busy.get(dest) ?? 1) - 1
+    if (n > 0) this.busy.set(dest, n)
+    else this.busy.delete(dest)
+  }
+
+  /** A delivery no longer waiting here. */
+  private forget(id: string): void {
+    this.waiting.delete(id)
+    this.dests.delete(id)
   }
 
   /** Tests: start what is due and wait until every attempt in flight has finished and nothing is due. */
@@ -215,9 +272,10 @@ export class DeliveryQueue {
       const ids = unknown.slice(i, i + 100)
       for (const [j, d] of (await this.coll.getMany(ids)).entries()) {
         if (!d || this.closed) continue
-        if (d.owner === this.me)
+        if (d.owner === this.me) {
           this.waiting.set(ids[j]!, d.nextAt ?? 0) // written just now, its accept() to follow
-        else if (d.owner && (await live(d.owner))) seen.set(ids[j]!, d.owner)
+          this.dests.set(ids[j]!, destinationOf(d.channel))
+        } else if (d.owner && (await live(d.owner))) seen.set(ids[j]!, d.owner)
         else if (await this.adoptOne(ids[j]!)) adopted++
       }
     }
@@ -237,22 +295,34 @@ export class DeliveryQueue {
       // A lease that expired rather than was released: its holder may only be stalled, mid-attempt. Let that attempt end first.
       const notBefore = end === null ? 0 : now + (this.opts.attemptMs ?? 0) + FENCE_MARGIN_MS
       const next: Delivery = { ...d, owner: this.me! }
-      return { ops: [{ type: 'put' as const, coll: this.coll as Collection<unknown>, key: id, value: next }], result: { from: d.owner ?? null, at: Math.max(d.nextAt ?? 0, notBefore) } }
+      return {
+        ops: [{ type: 'put' as const, coll: this.coll as Collection<unknown>, key: id, value: next }],
+        result: { from: d.owner ?? null, at: Math.max(d.nextAt ?? 0, notBefore), dest: destinationOf(d.channel) },
+      }
     })
     if (!result) return false
     const w = await written
     if (!w.ok) throw w.error
     this.waiting.set(id, result.at)
+    this.dests.set(id, result.dest)
     this.log.info({ deliveryId: id, from: result.from }, 'adopted a delivery of a stopped replica')
     return true
   }
 
-  private async attempt(id: string): Promise<void> {
+  /** One attempt; `slot.dest`: the destination slot it holds (null: none yet, claimed here once the delivery is read). */
+  private async attempt(id: string, slot: { dest: string | null }): Promise<void> {
     const d = await this.coll.get(id).catch(() => undefined)
     // Gone, finished, or (replicas) adopted by another replica while this one was stalled: not ours to attempt.
     if (!d || (d.status !== 'pending' && d.status !== 'retrying') || (this.me && d.owner !== this.me)) {
-      if (!this.closed) this.waiting.delete(id)
+      if (!this.closed) this.forget(id)
       return
+    }
+    if (slot.dest === null) {
+      const dest = destinationOf(d.channel)
+      this.dests.set(id, dest)
+      // Its destination is full: left waiting, and passed over by the pump now that its destination is known.
+      if (!this.claim(dest)) return
+      slot.dest = dest
     }
     let r: AttemptResult
     try {
@@ -270,14 +340,14 @@ export class DeliveryQueue {
       : { ...d, attempts, ...afterFailure(failuresSinceRetry(d, failures), now), updatedAt: now }
     try {
       if (!(await this.writeOwned(next))) {
-        this.waiting.delete(d.id)
+        this.forget(d.id)
         return
       }
     } catch (e) {
       this.log.warn({ err: e, deliveryId: d.id }, 'writing a delivery attempt failed; it is attempted again')
       return
     }
-    if (next.status === 'delivered' || next.status === 'dropped') this.waiting.delete(d.id)
+    if (next.status === 'delivered' || next.status === 'dropped') this.forget(d.id)
     else this.waiting.set(d.id, next.nextAt ?? 0)
     if (next.status === 'dropped') {
       this.log.warn({ deliveryId: d.id, event: d.event, agentId: d.agentId, channel: maskChannel(d.channel), attempts: attempts.length, error: r.error }, 'notification dropped after its last retry')

@@ -161,3 +161,40 @@ t.test("bounded concurrency, and the guard's always-denied list applies to notif
   t.match((await queue.get(ds[0]!.id)).attempts[0], { status: null, error: 'no answer within 1000 ms' })
   t.equal(rx.got.length, 8, 'a private (loopback) operator target is allowed')
 })
+
+t.test('a receiver that hangs holds at most a few slots: another destination is delivered while it hangs', async (t) => {
+  const dir = testDir(t)
+  const store = await Store.open(dir)
+  t.teardown(() => store.close())
+  const clock = new ManualClock()
+  const egress = new EgressGuard({ allow: [], deny: [], log })
+  const dead = await startReceiver(t)
+  dead.setMode('hang')
+  const live = await startReceiver(t)
+  // Attempts that would hang far longer than this test waits: only the per-destination limit lets the other delivery through.
+  const queue = new DeliveryQueue(store, clock, log, (d) => postJson(egress, (d.channel as { url: string }).url, d.body, {}, 60_000), { concurrency: 8, retentionMs: 86_400_000 })
+  await queue.start()
+  t.teardown(() => queue.close())
+  const mk = (url: string, at: number): Delivery => ({
+    ...{ id: newDeliveryId(at), event: 'alert.test', agentId: 'a', alertId: null, webhookId: null, channel: { type: 'webhook', url } },
+    ...{ body: '{}', status: 'pending', attempts: [], nextAt: at, createdAt: at, updatedAt: at },
+  })
+  const now = clock.now()
+  const jam = Array.from({ length: 40 }, (_, i) => mk(`${dead.url}/hang/${i}`, now))
+  await store.batch(queue.ops(jam))
+  queue.accept(jam)
+  await dead.waitFor(2, 5_000)
+  // Younger than the whole jam, so it only goes first because the dead destination is full.
+  const other = mk(`${live.url}/ok`, now + 1)
+  clock.advance(1)
+  await store.batch(queue.ops([other]))
+  queue.accept([other])
+  t.equal((await live.waitFor(1, 5_000)).length, 1, "the other destination's delivery arrived")
+  t.ok(
+    dead.got.every((r) => r.answered === null),
+    'while every attempt at the dead destination is still hanging',
+  )
+  t.ok(dead.got.length <= 2, `the dead destination holds at most 2 slots (${dead.got.length} attempts in flight)`)
+  for (let i = 0; i < 100 && (await queue.get(other.id)).status !== 'delivered'; i++) await new Promise((r) => setTimeout(r, 20))
+  t.match(await queue.get(other.id), { status: 'delivered' }, 'and is written as delivered')
+})
