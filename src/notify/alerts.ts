@@ -6,6 +6,9 @@ import { randomBase62 } from '../util/random.js'
 import type { Fired } from './fire.js'
 import { MAX_ALERTS_PER_AGENT, MAX_WEBHOOK_ENDPOINTS, type Alert, type AlertInput, type SpecEvent, type WebhookEndpoint } from './model.js'
 
+/** What was deleted: one alert, every alert of a deleted agent, or an account endpoint. */
+export type Removed = { kind: 'alert'; alertId: string } | { kind: 'agent'; agentId: string } | { kind: 'webhook'; webhookId: string }
+
 /**
  * Alerts per agent and the account's webhook endpoints, in the store and held in memory
  * (loaded once at start): the notifier reads them per event without a store read. An
@@ -22,6 +25,7 @@ export class AlertBook {
   /** Counts this process's changes: a reload that overlapped one is done again (it may have missed it). */
   private changes = 0
   private refresher: NodeJS.Timeout | null = null
+  private readonly removed: ((gone: Removed) => Promise<void>)[] = []
 
   constructor(
     private readonly store: Store,
@@ -43,8 +47,28 @@ export class AlertBook {
       (agentId) => {
         for (const a of this.ofAgent(agentId)) this.alerts.delete(a.alertId)
         this.changes++
+        // The delete's answer does not wait for this (the registry's hook is synchronous).
+        void this.tell({ kind: 'agent', agentId })
       },
     )
+  }
+
+  /** `fn` runs once an alert, an agent's alerts, or an account endpoint are deleted (it must not throw). */
+  onRemoved(fn: (gone: Removed) => Promise<void>): void {
+    this.removed.push(fn)
+  }
+
+  private async tell(gone: Removed): Promise<void> {
+    for (const fn of this.removed) await fn(gone)
+  }
+
+  /** Whether the alert exists: with replicas also one made through another replica and not loaded here yet. */
+  async hasAlert(alertId: string): Promise<boolean> {
+    return this.alerts.has(alertId) || (await this.alertsColl.get(alertId)) !== undefined
+  }
+
+  async hasEndpoint(webhookId: string): Promise<boolean> {
+    return this.endpoints.has(webhookId) || (await this.endpointsColl.get(webhookId)) !== undefined
   }
 
   async load(): Promise<void> {
@@ -127,6 +151,7 @@ export class AlertBook {
     ])
     this.alerts.delete(alertId)
     this.changes++
+    await this.tell({ kind: 'alert', alertId })
   }
 
   listEndpoints(): WebhookEndpoint[] {
@@ -153,5 +178,6 @@ export class AlertBook {
     await this.endpointsColl.del(webhookId)
     this.endpoints.delete(webhookId)
     this.changes++
+    await this.tell({ kind: 'webhook', webhookId })
   }
 }

@@ -76,6 +76,15 @@ export function buildNotifications(d: NotifyDeps): Notifications {
   const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), {
     ...{ concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000, attemptMs: d.settings.timeoutMs },
     ...(d.owners ? { owners: d.owners } : {}),
+    cancelled: async (x) => (x.alertId && !(await book.hasAlert(x.alertId)) ? 'alert_deleted' : x.webhookId && !(await book.hasEndpoint(x.webhookId)) ? 'webhook_deleted' : null),
+  })
+  // What a deleted alert or endpoint still had waiting is dropped at once (not retried for hours to a channel nobody wants).
+  book.onRemoved(async (gone) => {
+    const match = (x: Delivery): boolean =>
+      gone.kind === 'alert' ? x.alertId === gone.alertId : gone.kind === 'agent' ? x.alertId !== null && x.agentId === gone.agentId : x.webhookId === gone.webhookId
+    await queue
+      .cancel(match, gone.kind === 'webhook' ? 'webhook_deleted' : 'alert_deleted')
+      .catch((e: unknown) => d.log.warn({ err: e, ...gone }, 'dropping the deliveries of a deleted alert or endpoint failed'))
   })
   let spendSweep: NodeJS.Timeout | null = null
   const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute })

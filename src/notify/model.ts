@@ -46,6 +46,8 @@ export type EventEntry =
 
 export type DeliveryStatus = 'pending' | 'delivered' | 'retrying' | 'dropped'
 export const DELIVERY_STATUSES: readonly DeliveryStatus[] = ['pending', 'delivered', 'retrying', 'dropped']
+/** Why a delivery was dropped: its last retry failed, or what it was for was deleted (it is not attempted again). */
+export type DropReason = 'retries_exhausted' | 'alert_deleted' | 'webhook_deleted'
 
 export interface Attempt {
   at: number
@@ -71,6 +73,8 @@ export interface Delivery {
   nextAt: number | null
   createdAt: number
   updatedAt: number
+  /** Why it is dropped (absent while it is not, and on deliveries dropped before this field: their retries ran out). */
+  dropReason?: DropReason
   /** When `POST /v1/deliveries/<id>/retry` sent a dropped delivery again. */
   retriedAt?: number[]
   /** Replicas on one database: the replica that attempts it (created or adopted it); absent on LevelDB. Not shown by the API. */

@@ -5,7 +5,7 @@ import type { Clock } from '../util/clock.js'
 import { randomBase62 } from '../util/random.js'
 import type { AttemptResult } from './channels/http.js'
 import { maskChannel } from './mask.js'
-import type { Channel, Delivery, DeliveryStatus } from './model.js'
+import type { Channel, Delivery, DeliveryStatus, DropReason } from './model.js'
 import { afterFailure, ok } from './schedule.js'
 
 export type Sender = (d: Delivery) => Promise<AttemptResult>
@@ -33,6 +33,12 @@ export interface QueueOptions {
   attemptMs?: number
   /** How often (real time) a replica looks for deliveries of stopped replicas. Default 5 s. */
   adoptMs?: number
+  /**
+   * Read before each attempt: why the delivery must not be sent any more (its alert or
+   * account endpoint was deleted), or null. Catches what `cancel` could not (a delivery
+   * written while its alert was being deleted, one another replica holds in memory).
+   */
+  cancelled?: (d: Delivery) => Promise<DropReason | null>
 }
 
 /** Added to `attemptMs` for what follows an attempt (its result's write). */
@@ -317,6 +323,11 @@ export class DeliveryQueue {
       if (!this.closed) this.forget(id)
       return
     }
+    const why = await this.opts.cancelled?.(d).catch(() => null)
+    if (why) {
+      await this.cancelOne(id, why).catch((e: unknown) => this.log.warn({ err: e, deliveryId: id }, 'dropping a delivery of a deleted alert or endpoint failed'))
+      return
+    }
     if (slot.dest === null) {
       const dest = destinationOf(d.channel)
       this.dests.set(id, dest)
@@ -335,44 +346,103 @@ export class DeliveryQueue {
     const now = this.clock.now()
     const attempts = [...d.attempts, { at: now, status: r.status, error: r.error, ...(this.me ? { by: this.me } : {}) }]
     const failures = attempts.filter((a) => !ok(a.status)).length
-    const next: Delivery = ok(r.status)
+    const after = afterFailure(failuresSinceRetry(d, failures), now)
+    const computed: Delivery = ok(r.status)
       ? { ...d, attempts, status: 'delivered', nextAt: null, updatedAt: now }
-      : { ...d, attempts, ...afterFailure(failuresSinceRetry(d, failures), now), updatedAt: now }
+      : { ...d, attempts, ...after, ...(after.status === 'dropped' ? { dropReason: 'retries_exhausted' as const } : {}), updatedAt: now }
+    let next: Delivery
     try {
-      if (!(await this.writeOwned(next))) {
+      const written = await this.writeOwned(computed)
+      if (!written) {
         this.forget(d.id)
         return
       }
+      next = written
     } catch (e) {
       this.log.warn({ err: e, deliveryId: d.id }, 'writing a delivery attempt failed; it is attempted again')
       return
     }
     if (next.status === 'delivered' || next.status === 'dropped') this.forget(d.id)
     else this.waiting.set(d.id, next.nextAt ?? 0)
-    if (next.status === 'dropped') {
+    if (next.status === 'dropped' && next.dropReason === 'retries_exhausted') {
       this.log.warn({ deliveryId: d.id, event: d.event, agentId: d.agentId, channel: maskChannel(d.channel), attempts: attempts.length, error: r.error }, 'notification dropped after its last retry')
     }
   }
 
-  /** Write an attempt's result; with replicas only while this one still owns it (whether written). */
-  private async writeOwned(next: Delivery): Promise<boolean> {
+  /**
+   * Write an attempt's result; with replicas only while this one still owns it. A delivery
+   * cancelled during the attempt (`cancel`) stays dropped, with the attempt added, unless the
+   * attempt delivered it. What was written, or null when not (no longer ours).
+   */
+  private async writeOwned(next: Delivery): Promise<Delivery | null> {
+    const merged = (cur: Delivery | undefined): Delivery =>
+      cur?.status === 'dropped' && cur.dropReason && cur.dropReason !== 'retries_exhausted' && next.status !== 'delivered'
+        ? { ...next, status: 'dropped', nextAt: null, dropReason: cur.dropReason }
+        : next
     if (!this.me) {
-      await this.store.batch(this.write(next))
-      return true
+      const out = merged(await this.coll.get(next.id))
+      await this.store.batch(this.write(out))
+      return out
     }
     const { result, written } = await this.store.transact(lockOf(next.id), async () => {
       const cur = await this.coll.get(next.id)
-      return cur?.owner === this.me ? { ops: this.write(next), result: true } : { ops: [], result: false }
+      if (cur?.owner !== this.me) return { ops: [], result: null }
+      const out = merged(cur)
+      return { ops: this.write(out), result: out }
     })
     const w = await written
     if (!w.ok) throw w.error
     return result
   }
 
-  private write(d: Delivery): BatchOp[] {
+  /** Drop one waiting delivery for `why` (under its lock with replicas, whoever owns it); whether it was waiting. */
+  private async cancelOne(id: string, why: DropReason): Promise<boolean> {
+    const change = async (): Promise<{ ops: BatchOp[]; result: boolean }> => {
+      const d = await this.coll.get(id)
+      if (!d || (d.status !== 'pending' && d.status !== 'retrying')) return { ops: [], result: false }
+      // Its owner stays: a replica that holds it in memory finds it dropped at its next look.
+      return { ops: this.write({ ...d, status: 'dropped', nextAt: null, dropReason: why, updatedAt: this.clock.now() }, false), result: true }
+    }
+    let done: boolean
+    if (this.me) {
+      const r = await this.store.transact(lockOf(id), change)
+      const w = await r.written
+      if (!w.ok) throw w.error
+      done = r.result
+    } else {
+      const r = await change()
+      await this.store.batch(r.ops)
+      done = r.result
+    }
+    if (!this.closed) this.forget(id)
+    if (done) this.log.info({ deliveryId: id, reason: why }, 'notification dropped: what it was for was deleted')
+    return done
+  }
+
+  /**
+   * Drop every waiting delivery that `match`es (those of a deleted alert or account
+   * endpoint): not attempted again, shown `dropped` with `why`. With replicas every
+   * replica's (the waiting index holds them all). The number dropped.
+   */
+  async cancel(match: (d: Delivery) => boolean, why: DropReason): Promise<number> {
+    const ids: string[] = []
+    if (this.me) for await (const id of this.dueColl.keys()) ids.push(id)
+    else ids.push(...this.waiting.keys())
+    let n = 0
+    for (let i = 0; i < ids.length; i += 100) {
+      const chunk = ids.slice(i, i + 100)
+      for (const [j, d] of (await this.coll.getMany(chunk)).entries()) {
+        if (d && (d.status === 'pending' || d.status === 'retrying') && match(d) && (await this.cancelOne(chunk[j]!, why))) n++
+      }
+    }
+    return n
+  }
+
+  /** A delivery's ops; `own`: stamped as this replica's (not when dropping another's). */
+  private write(d: Delivery, own = true): BatchOp[] {
     const final = d.status === 'delivered' || d.status === 'dropped'
     return [
-      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: this.owned(d) },
+      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: own ? this.owned(d) : d },
       final ? { type: 'del', coll: this.dueColl as Collection<unknown>, key: d.id } : { type: 'put', coll: this.dueColl as Collection<unknown>, key: d.id, value: d.nextAt ?? 0 },
     ]
   }
@@ -388,8 +458,13 @@ export class DeliveryQueue {
     const again = async (): Promise<{ ops: BatchOp[]; result: Delivery }> => {
       const d = await this.get(id)
       if (d.status !== 'dropped') throw new PaygateError('conflict', `delivery ${id} is ${d.status}; only a dropped delivery can be retried`, { extra: { status: d.status } })
+      if (d.dropReason === 'alert_deleted' || d.dropReason === 'webhook_deleted') {
+        const what = d.dropReason === 'alert_deleted' ? `its alert ${d.alertId}` : `its webhook endpoint ${d.webhookId}`
+        throw new PaygateError('conflict', `delivery ${id} was dropped because ${what} was deleted; it is not sent again`, { extra: { status: d.status } })
+      }
       const now = this.clock.now()
-      const next: Delivery = this.owned({ ...d, status: 'pending', nextAt: now, retriedAt: [...(d.retriedAt ?? []), now], updatedAt: now })
+      const { dropReason: _, ...rest } = d
+      const next: Delivery = this.owned({ ...rest, status: 'pending', nextAt: now, retriedAt: [...(d.retriedAt ?? []), now], updatedAt: now })
       return { ops: this.write(next), result: next }
     }
     let next: Delivery

@@ -217,3 +217,34 @@ t.test('deliveries: a failing receiver is retrying with its attempts; retry of a
   t.equal((await gw.api('GET', '/v1/deliveries?status=bogus')).body.field, 'status')
   t.equal(gw.gw.notify.queueDepth() >= 1, true, 'the queue depth counts it')
 })
+
+t.test('deleting an alert, its agent or an account endpoint drops what it still had waiting: not attempted again', async (t) => {
+  const down = await startReceiver(t)
+  down.setMode('fail')
+  const pay = await agent('a-del', { perCallLimit: { usdc: 0.001 } })
+  const a1 = await alert({ agentId: 'a-del', type: 'policy_violation', notify: { type: 'webhook', url: `${down.url}/a1` } })
+  const a2 = await alert({ agentId: 'a-del', type: 'policy_violation', notify: { type: 'webhook', url: `${down.url}/a2` } })
+  const wh = (await gw.api('POST', '/v1/webhooks', { body: { url: `${down.url}/wh`, events: ['policy.violation'] } })).body
+  t.equal(await pay(), 402)
+  await gw.gw.notify.settle()
+  t.equal(down.got.length, 3, 'each channel tried once and failed')
+  const one = async (q: string) => (await gw.api('GET', `/v1/deliveries?${q}`)).body.deliveries[0]
+  const webhookDelivery = async () => (await gw.api('GET', '/v1/deliveries?agentId=a-del')).body.deliveries.find((d: { webhookId: string | null }) => d.webhookId === wh.webhookId)
+  t.match(await one(`alertId=${a1}`), { status: 'retrying', dropReason: null })
+
+  t.equal((await gw.api('DELETE', `/v1/alerts/${a1}`)).status, 204)
+  const d1 = await one(`alertId=${a1}`)
+  t.match(d1, { status: 'dropped', dropReason: 'alert_deleted', nextAttemptAt: null }, "a deleted alert's delivery is dropped, with the reason")
+  t.equal((await gw.api('DELETE', `/v1/webhooks/${wh.webhookId}`)).status, 204)
+  t.match(await webhookDelivery(), { status: 'dropped', dropReason: 'webhook_deleted' }, "a deleted endpoint's delivery too")
+  t.equal((await gw.api('DELETE', '/v1/agents/a-del')).status, 204)
+  // The agent's delete answers before its alerts' deliveries are dropped.
+  for (let i = 0; i < 100 && (await one(`alertId=${a2}`)).status !== 'dropped'; i++) await new Promise((r) => setTimeout(r, 20))
+  t.match(await one(`alertId=${a2}`), { status: 'dropped', dropReason: 'alert_deleted' }, "a deleted agent's alerts' deliveries too")
+
+  clock.offset += 3 * 3_600_000
+  await gw.gw.notify.settle()
+  t.equal(down.got.length, 3, 'none is attempted again, over the whole retry schedule')
+  const r = await gw.api('POST', `/v1/deliveries/${d1.deliveryId}/retry`)
+  t.same([r.status, r.body.error], [409, 'conflict'], 'nor retried by hand')
+})

@@ -198,3 +198,37 @@ t.test('a receiver that hangs holds at most a few slots: another destination is 
   for (let i = 0; i < 100 && (await queue.get(other.id)).status !== 'delivered'; i++) await new Promise((r) => setTimeout(r, 20))
   t.match(await queue.get(other.id), { status: 'delivered' }, 'and is written as delivered')
 })
+
+t.test('a delivery whose alert is gone by its next attempt is dropped with the reason, not sent', async (t) => {
+  const dir = testDir(t)
+  const store = await Store.open(dir)
+  t.teardown(() => store.close())
+  const clock = new ManualClock()
+  const egress = new EgressGuard({ allow: [], deny: [], log })
+  const rx = await startReceiver(t)
+  const gone = new Set<string>()
+  const queue = new DeliveryQueue(store, clock, log, (d) => postJson(egress, (d.channel as { url: string }).url, d.body, {}, 5000), {
+    ...{ concurrency: 2, retentionMs: 86_400_000 },
+    cancelled: async (d) => (d.alertId && gone.has(d.alertId) ? 'alert_deleted' : null),
+  })
+  await queue.start()
+  t.teardown(() => queue.close())
+  const now = clock.now()
+  const mk = (alertId: string): Delivery => ({
+    ...{ id: newDeliveryId(now), event: 'alert.test', agentId: 'a', alertId, webhookId: null, channel: { type: 'webhook', url: `${rx.url}/${alertId}` } },
+    ...{ body: '{}', status: 'pending', attempts: [], nextAt: now, createdAt: now, updatedAt: now },
+  })
+  const [kept, dropped] = [mk('al_kept'), mk('al_gone')]
+  gone.add('al_gone')
+  await store.batch(queue.ops([kept, dropped]))
+  queue.accept([kept, dropped])
+  await queue.settle()
+  t.same(
+    rx.got.map((r) => r.path),
+    ['/al_kept'],
+    'only the live alert is sent',
+  )
+  t.match(await queue.get(dropped.id), { status: 'dropped', dropReason: 'alert_deleted', nextAt: null, attempts: [] })
+  t.equal(queue.depth(), 0)
+  await t.rejects(queue.retry(dropped.id), { code: 'conflict' }, 'not sent again by hand')
+})

@@ -15,6 +15,8 @@ export const deliveryView = (d: Delivery): Record<string, unknown> => ({
   webhookId: d.webhookId,
   channel: maskChannel(d.channel),
   status: d.status,
+  // Deliveries dropped before the reason was stored: their retries ran out.
+  dropReason: d.status === 'dropped' ? (d.dropReason ?? 'retries_exhausted') : null,
   attempts: d.attempts.map((a) => ({ at: iso(a.at), status: a.status, error: a.error })),
   nextAttemptAt: iso(d.nextAt),
   createdAt: iso(d.createdAt),
