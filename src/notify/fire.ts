@@ -47,8 +47,8 @@ export interface FireOutput {
   messages: Message[]
   /** Changed state only. */
   fired: Map<string, Fired>
-  /** Deliveries an endpoint's cap skipped, by webhookId. */
-  capped: Map<string, number>
+  /** Deliveries an endpoint's cap skipped, by webhookId and event. */
+  capped: Map<string, Map<SpecEvent, number>>
 }
 
 const payloadOf = (event: SpecEvent | 'alert.test', agentId: string, at: number, fields: Record<string, unknown>): Record<string, unknown> => ({
@@ -146,7 +146,8 @@ export function fire(inp: FireInput): FireOutput {
       const prev = out.fired.get(k) ?? inp.fired.get(k)
       const count = prev && prev.minute === minute ? prev.count! : 0
       if (count >= inp.endpointPerMinute) {
-        out.capped.set(w.webhookId, (out.capped.get(w.webhookId) ?? 0) + 1)
+        const skipped = out.capped.get(w.webhookId) ?? new Map<SpecEvent, number>()
+        out.capped.set(w.webhookId, skipped.set(event, (skipped.get(event) ?? 0) + 1))
         continue
       }
       if (add(m)) out.fired.set(k, { minute, count: count + 1 })

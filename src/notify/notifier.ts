@@ -9,7 +9,7 @@ import { randomBase62 } from '../util/random.js'
 import type { AlertBook } from './alerts.js'
 import { slackMessage } from './channels/slack.js'
 import { builtInKey, capKey, fire, inert, testPayload, windowsOf, type Fired, type Message } from './fire.js'
-import type { Alert, Delivery, EventEntry } from './model.js'
+import type { Alert, Delivery, EventEntry, SpecEvent } from './model.js'
 import { type DeliveryQueue, newDeliveryId } from './queue.js'
 import type { MinuteSpend, SpendWindow } from './spend.js'
 
@@ -17,6 +17,8 @@ import type { MinuteSpend, SpendWindow } from './spend.js'
 const UNWRITTEN_AFTER_MS = 30_000
 /** Replicas: an entry still stored this long after it was made was left by a replica that stopped (see `orphans`). */
 const ORPHANED_AFTER_MS = 30_000
+/** How often (real time) skipped counts of minutes that are over are logged. */
+const CAP_LOG_EVERY_MS = 10_000
 /** Replicas: the database lock every expansion holds (the fired state and endpoint caps are read-modify-written across agents). */
 const EXPAND_LOCK = 'notify\u0000expand'
 
@@ -49,6 +51,9 @@ export class Notifier {
   private again = false
   private closed = false
   private retryTimer: NodeJS.Timeout | null = null
+  /** Deliveries an endpoint's per-minute cap skipped, by endpoint, in the minute (of the events) they fell in: logged once that minute is over. */
+  private readonly skipped = new Map<string, { minute: number; events: Map<SpecEvent, number> }>()
+  private capTimer: NodeJS.Timeout | null = null
   /** Replicas share the store (PostgreSQL). */
   private readonly shared: boolean
   /** Replicas: in every event id, so two processes numbering events in one millisecond never make the same id. */
@@ -231,7 +236,7 @@ export class Notifier {
   }
 
   /** What an event sends and changes: the batch that writes it, its deliveries, the endpoints' skipped counts. */
-  private async decide(ev: EventEntry): Promise<{ ops: BatchOp[]; deliveries: Delivery[]; capped: Map<string, number> }> {
+  private async decide(ev: EventEntry): Promise<{ ops: BatchOp[]; deliveries: Delivery[]; capped: Map<string, Map<SpecEvent, number>> }> {
     const alerts = this.book.ofAgent(ev.agentId)
     const endpoints = this.book.listEndpoints()
     const keys = [...alerts.map((a) => a.alertId), builtInKey(ev.agentId), ...endpoints.map((w) => capKey(w.webhookId))]
@@ -253,10 +258,46 @@ export class Notifier {
     return { ops, deliveries, capped: out.capped }
   }
 
-  /** Once written: the deliveries to the queue. */
-  private handOver(ev: EventEntry, out: { deliveries: Delivery[]; capped: Map<string, number> }): void {
+  /** Once written: the deliveries to the queue, and what an endpoint's cap skipped to its minute's count. */
+  private handOver(ev: EventEntry, out: { deliveries: Delivery[]; capped: Map<string, Map<SpecEvent, number>> }): void {
     this.queue.accept(out.deliveries)
-    for (const [webhookId, n] of out.capped) this.log.warn({ webhookId, skipped: n, event: ev.kind }, 'webhook endpoint over its per-minute cap; deliveries skipped')
+    const minute = ev.at - (ev.at % 60_000)
+    for (const [webhookId, events] of out.capped) {
+      let s = this.skipped.get(webhookId)
+      if (s && s.minute !== minute) this.logSkipped(webhookId)
+      if (!s || s.minute !== minute) this.skipped.set(webhookId, (s = { minute, events: new Map() }))
+      for (const [event, n] of events) s.events.set(event, (s.events.get(event) ?? 0) + n)
+    }
+    this.logCaps(false)
+    if (this.skipped.size && !this.capTimer) {
+      this.capTimer = setInterval(() => this.logCaps(false), CAP_LOG_EVERY_MS)
+      this.capTimer.unref()
+    }
+  }
+
+  /**
+   * One warning per endpoint and minute with the count skipped (a storm of refusals must not
+   * become a storm of log lines either), once the minute is over; `all`: those of the current
+   * minute too (at close).
+   */
+  private logCaps(all: boolean): void {
+    const now = this.clock.now()
+    for (const [webhookId, s] of this.skipped) if (all || s.minute + 60_000 <= now) this.logSkipped(webhookId)
+    if (!this.skipped.size && this.capTimer) {
+      clearInterval(this.capTimer)
+      this.capTimer = null
+    }
+  }
+
+  private logSkipped(webhookId: string): void {
+    const s = this.skipped.get(webhookId)
+    if (!s) return
+    this.skipped.delete(webhookId)
+    const skipped = [...s.events.values()].reduce((a, b) => a + b, 0)
+    this.log.warn(
+      { webhookId, minute: new Date(s.minute).toISOString(), skipped, events: Object.fromEntries(s.events), endpointPerMinute: this.opts.endpointPerMinute },
+      'webhook endpoint over its per-minute cap: deliveries skipped in that minute',
+    )
   }
 
   /** A delivery of one message: its body bytes fixed now, sent the same on every attempt. */
@@ -294,5 +335,6 @@ export class Notifier {
     if (this.retryTimer) clearTimeout(this.retryTimer)
     if (this.orphanTimer) clearInterval(this.orphanTimer)
     await this.running
+    this.logCaps(true)
   }
 }

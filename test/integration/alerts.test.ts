@@ -248,3 +248,27 @@ t.test('deleting an alert, its agent or an account endpoint drops what it still 
   const r = await gw.api('POST', `/v1/deliveries/${d1.deliveryId}/retry`)
   t.same([r.status, r.body.error], [409, 'conflict'], 'nor retried by hand')
 })
+
+t.test("an endpoint over its per-minute cap: one warning for the minute, with the count skipped and the spec's event name", async (t) => {
+  const pay = await agent('a-cap', { perCallLimit: { usdc: 0.001 } })
+  const wh = (await gw.api('POST', '/v1/webhooks', { body: { url: `${rx.url}/capped`, events: ['policy.violation'] } })).body
+  t.teardown(() => gw.api('DELETE', `/v1/webhooks/${wh.webhookId}`))
+  const capLines = () => gw.logs.filter((l) => l.includes('per-minute cap')).map((l) => JSON.parse(l))
+  const before = capLines().length
+  // All in one minute of the gateway's clock: 60 go (notify.endpointPerMinute), 5 are skipped.
+  clock.offset += 60_000 - ((Date.now() + clock.offset) % 60_000) + 1000
+  for (let i = 0; i < 65; i++) t.equal(await pay(), 402)
+  await gw.gw.notify.settle()
+  t.equal(rx.got.filter((r) => r.path === '/capped').length, 60, 'the cap holds')
+  t.equal(capLines().length, before, 'nothing logged while the minute lasts')
+  clock.offset += 60_000
+  t.equal(await pay(), 402)
+  await gw.gw.notify.settle()
+  const lines = capLines().slice(before)
+  t.equal(lines.length, 1, 'one warning for the minute')
+  t.match(lines[0], { webhookId: wh.webhookId, skipped: 5, events: { 'policy.violation': 5 } })
+  t.notOk(
+    gw.logs.some((l) => l.includes('"event":"violation"')),
+    'no internal event name in the log',
+  )
+})
