@@ -41,7 +41,6 @@ import { Outbox } from './ledger/outbox.js'
 import { Transactions } from './ledger/transactions.js'
 import { CertificateAuthority } from './proxy/ca.js'
 import { ProxyServer } from './proxy/server.js'
-import { PaygateError } from './errors/index.js'
 import { Chain, faucetAmounts } from './chain/chain.js'
 import { createApiServer } from './api/server.js'
 import { DashboardAssets } from './api/dashboard.js'
@@ -266,8 +265,8 @@ type Paying = ReturnType<typeof buildEngine>
 
 /** Notifications: alerts, webhook endpoints, the notifier on the record hook, the delivery queue on disk. */
 async function buildNotify({ config, log, clock }: Ctx, l: Ledger, p: Paying, egress: EgressGuard, s: Started): Promise<Notifications> {
+  // smtp.url without smtp.from (or the reverse) is refused when the config is loaded (config/load.ts).
   const { smtp } = config
-  if ((smtp.url === null) !== (smtp.from === null)) throw new PaygateError('invalid_config', 'smtp.url and smtp.from go together: set both for e-mail alerts, or neither')
   const notify = (s.notify = buildNotifications({
     ...{ store: l.store, registry: l.registry, policies: l.policies, keystore: l.keystore, egress, clock, log },
     ...(l.locks.shared ? { owners: l.locks } : {}), // replicas: a delivery is its creator's while its lease lives

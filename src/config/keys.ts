@@ -283,7 +283,7 @@ export const KEYS: readonly KeySpec[] = [
     kind: 'string',
     optional: true,
     check: (v) => (/^[^\r\n]{3,320}$/.test(v) && v.includes('@') ? null : 'a sender address, e.g. "Paygate <alerts@example.com>"'),
-    doc: 'Sender of e-mail alerts, e.g. `Paygate <alerts@example.com>`. Needed with `smtp.url`.',
+    doc: 'Sender of e-mail alerts, e.g. `Paygate <alerts@example.com>`. Needed with `smtp.url`: one set without the other stops the start when the configuration is loaded, naming both keys.',
   },
   { path: 'upstream.caFile', kind: 'path', optional: true, doc: 'PEM file of extra CAs trusted for upstream TLS (besides the system roots).' },
   { path: 'log.level', kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], doc: 'Log level of the JSON logs on stdout.' },

@@ -322,6 +322,27 @@ const SOURCE_TEXT: Record<Source, (spec: KeySpec, file?: string) => string> = {
   flag: (s) => `from ${flagName(s.path)}`,
 }
 
+/** Keys that only work together: one set without the other, each named with its value and where it came from. */
+const PAIRS: readonly (readonly [string, string, string])[] = [['smtp.url', 'smtp.from', 'e-mail alerts need both: set both, or neither']]
+
+function pairProblems(config: Config, raw: Map<string, Raw>, file: string | undefined): string[] {
+  const out: string[] = []
+  const at = (path: string): unknown => path.split('.').reduce<unknown>((o, p) => (o as Record<string, unknown> | undefined)?.[p], config)
+  for (const [a, b, why] of PAIRS) {
+    const [va, vb] = [at(a), at(b)]
+    // A key refused above is already reported; undefined here means that.
+    if (va === undefined || vb === undefined || (va === null) === (vb === null)) continue
+    const [set, unset] = va === null ? [b, a] : [a, b]
+    const shown = (path: string): string => {
+      const spec = BY_PATH.get(path)!
+      const r = raw.get(path) ?? { value: null, source: 'default' as const }
+      return `${path} = ${describeValue(spec, r.value)} (${SOURCE_TEXT[r.source](spec, file)})`
+    }
+    out.push(`${shown(set)} is set but ${unset} is not (${SOURCE_TEXT[raw.get(unset)?.source ?? 'default'](BY_PATH.get(unset)!, file)}); ${why}`)
+  }
+  return out
+}
+
 /**
  * Build the configuration: config/default.json < file (PAYGATE_CONFIG or --config) <
  * environment (PAYGATE_*) < CLI flags. Validated once; every bad value is reported with
@@ -359,6 +380,7 @@ export function loadConfig(input: LoadInput = {}): { config: Config; positional:
       problems.push(`${spec.path} = ${describeValue(spec, r.value)} (${SOURCE_TEXT[r.source](spec, fileAbs)}) is not allowed; expected ${allowed}`)
     } else setPath(out, spec.path, value)
   }
+  problems.push(...pairProblems(out as unknown as Config, raw, fileAbs))
   if (problems.length) throw new PaygateError('invalid_config', `invalid configuration:\n  ${problems.join('\n  ')}`)
   return { config: out as unknown as Config, positional }
 }

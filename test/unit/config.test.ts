@@ -141,3 +141,28 @@ t.test('a config file must hold an object of settings; a map in it may give numb
   writeFileSync(file, JSON.stringify({ mpp: { rates: { EUR: -1 } } }))
   t.throws(() => loadConfig({ env: { PAYGATE_CONFIG: file } }), { code: 'invalid_config', detail: /mpp\.rates = \{"EUR":-1\}/ }, 'a number is checked as its text is')
 })
+
+t.test('smtp.url and smtp.from go together: one without the other stops the load, naming both keys and where they came from', async (t) => {
+  const refused = (input: Parameters<typeof loadConfig>[0]): string => {
+    try {
+      loadConfig(input)
+    } catch (e) {
+      t.equal((e as { code?: string }).code, 'invalid_config')
+      return (e as Error).message
+    }
+    t.fail('expected an error')
+    return ''
+  }
+  const url = 'smtp://user:hunter2@mail.example.com:587'
+  const a = refused({ env: { PAYGATE_SMTP_URL: url } })
+  t.match(a, /smtp\.url = <redacted, \d+ characters> \(from PAYGATE_SMTP_URL\) is set but smtp\.from is not \(from config\/default\.json; set PAYGATE_SMTP_FROM\)/)
+  t.notMatch(a, /hunter2/, 'the URL (a secret) is not echoed')
+  const dir = tempDir()
+  writeFileSync(join(dir, 'c.json'), JSON.stringify({ smtp: { from: 'Paygate <alerts@example.com>' } }))
+  const b = refused({ env: { PAYGATE_CONFIG: join(dir, 'c.json') }, cwd: dir })
+  t.match(b, /smtp\.from = "Paygate <alerts@example\.com>" \(from .*c\.json; or set PAYGATE_SMTP_FROM\) is set but smtp\.url is not/)
+  t.match(refused({ argv: ['--smtp-url', url] }), /\(from --smtp-url\)/)
+  const { config } = loadConfig({ env: { PAYGATE_SMTP_URL: url, PAYGATE_SMTP_FROM: 'Paygate <alerts@example.com>' } })
+  t.same(config.smtp, { url, from: 'Paygate <alerts@example.com>' }, 'both: loaded')
+  t.same(loadConfig({}).config.smtp, { url: null, from: null }, 'neither: loaded')
+})
