@@ -1,3 +1,4 @@
+import { invalid } from '../errors/index.js'
 import type { Channel } from './model.js'
 
 const SECRET_PARAM = /token|key|secret|sig|auth|pass|code|hash/i
@@ -29,3 +30,16 @@ export function maskChannel(c: Channel): Channel {
   if (c.type === 'email') return c
   return { type: c.type, url: maskUrl(c.url, c.type === 'slack') }
 }
+
+/**
+ * Refuse a URL that still holds the mask (`***`, or its percent-encoding) of a URL the API
+ * showed: stored as sent, deliveries would go to the literal `***` instead of the secret.
+ */
+export function refuseMasked(field: string, url: unknown): void {
+  if (typeof url === 'string' && /\*\*\*|%2a%2a%2a/i.test(url)) {
+    throw invalid(field, `${field} still holds *** where the API masks a secret; send the full URL`)
+  }
+}
+
+/** The URL of a `notify` object as a request sent it, if any. */
+export const sentUrl = (notify: unknown): unknown => (typeof notify === 'object' && notify !== null ? (notify as Record<string, unknown>).url : undefined)

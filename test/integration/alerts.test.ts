@@ -272,3 +272,30 @@ t.test("an endpoint over its per-minute cap: one warning for the minute, with th
     'no internal event name in the log',
   )
 })
+
+t.test('a masked URL sent back with a change is refused (it would be stored with the literal ***)', async (t) => {
+  await gw.api('POST', '/v1/agents', { body: { agentId: 'a-mask' } })
+  const real = `${rx.url}/ok/wq?token=s3cr3t-value&x=1`
+  const id = await alert({ agentId: 'a-mask', type: 'policy_violation', notify: { type: 'webhook', url: real } })
+  const shown = (await gw.api('GET', `/v1/alerts/${id}`)).body.notify
+  t.equal(shown.url, `${rx.url}/ok/wq?token=***&x=1`)
+  const refused = async (r: { status: number; body: { error: string; field: string; detail: string } }, field: string, what: string) => {
+    t.same([r.status, r.body.error, r.body.field], [400, 'invalid_request', field], what)
+    t.match(r.body.detail, /full URL/)
+  }
+  await refused(await gw.api('PATCH', `/v1/alerts/${id}`, { body: { notify: { ...shown, url: shown.url.replace('x=1', 'x=2') } } }), 'notify.url', 'PATCH: the masked URL changed')
+  await refused(await gw.api('PATCH', `/v1/alerts/${id}`, { body: { notify: { ...shown, url: shown.url.replace('***', '%2A%2A%2A') } } }), 'notify.url', 'PATCH: the mask percent-encoded')
+  t.equal((gw.gw.notify.book.get(id).notify as { url: string }).url, real, 'the stored URL is unchanged')
+  t.equal((await gw.api('PATCH', `/v1/alerts/${id}`, { body: { notify: shown } })).status, 200, 'sent back exactly as shown: kept')
+  t.equal((gw.gw.notify.book.get(id).notify as { url: string }).url, real)
+  const changed = `${rx.url}/ok/wq?token=n3w-value&x=2`
+  t.equal((await gw.api('PATCH', `/v1/alerts/${id}`, { body: { notify: { type: 'webhook', url: changed } } })).status, 200, 'the full URL: taken')
+  t.equal((gw.gw.notify.book.get(id).notify as { url: string }).url, changed)
+  await refused(await gw.api('POST', '/v1/alerts', { body: { agentId: 'a-mask', type: 'policy_violation', notify: shown } }), 'notify.url', 'POST /v1/alerts')
+  await refused(
+    await gw.api('POST', '/v1/alerts', { body: { agentId: 'a-mask', type: 'policy_violation', notify: { type: 'slack', url: 'https://hooks.slack.com/***' } } }),
+    'notify.url',
+    'a masked Slack URL',
+  )
+  await refused(await gw.api('POST', '/v1/webhooks', { body: { url: shown.url } }), 'url', 'POST /v1/webhooks')
+})

@@ -1,6 +1,6 @@
 import { PaygateError, invalid } from '../../errors/index.js'
 import type { Notifications } from '../../notify/index.js'
-import { maskChannel } from '../../notify/mask.js'
+import { maskChannel, refuseMasked, sentUrl } from '../../notify/mask.js'
 import { alertInput, type Alert } from '../../notify/model.js'
 import { onlyFields } from '../http.js'
 import { requireAgentAccess, type Route } from '../router.js'
@@ -20,8 +20,9 @@ export const alertView = (a: Alert): Record<string, unknown> => ({
 function merged(a: Alert, body: Record<string, unknown>): Record<string, unknown> {
   if (body.agentId !== undefined && body.agentId !== a.agentId) throw invalid('agentId', "an alert's agentId cannot change")
   const out: Record<string, unknown> = { agentId: a.agentId, type: a.type, threshold: a.threshold, window: a.window, notify: a.notify, ...body }
-  // The channel as a GET showed it (masked) sent back unchanged keeps the stored one.
+  // The channel as a GET showed it (masked) sent back unchanged keeps the stored one; any other change must send the full URL.
   if (JSON.stringify(body.notify) === JSON.stringify(maskChannel(a.notify))) out.notify = a.notify
+  else if (body.notify !== undefined) refuseMasked('notify.url', sentUrl(body.notify))
   for (const k of Object.keys(out)) if (out[k] === null || out[k] === undefined) delete out[k]
   return out
 }
@@ -35,6 +36,7 @@ export function alertRoutes(n: Notifications): Route[] {
       access: 'account',
       async handler(ctx) {
         const body = onlyFields(await ctx.body(), ['agentId', 'type', 'threshold', 'window', 'notify'])
+        refuseMasked('notify.url', sentUrl(body.notify))
         return { status: 201, body: alertView(await n.book.create(alertInput(body, n.smtpConfigured))) }
       },
     },

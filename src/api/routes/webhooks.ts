@@ -1,5 +1,5 @@
 import type { Notifications } from '../../notify/index.js'
-import { maskUrl } from '../../notify/mask.js'
+import { maskUrl, refuseMasked } from '../../notify/mask.js'
 import { eventsOf, httpUrl, type WebhookEndpoint } from '../../notify/model.js'
 import { onlyFields } from '../http.js'
 import type { Route } from '../router.js'
@@ -15,6 +15,7 @@ export function webhookRoutes(n: Notifications): Route[] {
       access: 'account',
       async handler(ctx) {
         const body = onlyFields(await ctx.body(), ['url', 'events'])
+        refuseMasked('url', body.url)
         return { status: 201, body: webhookView(await n.book.addEndpoint(httpUrl('url', body.url), eventsOf(body.events))) }
       },
     },
