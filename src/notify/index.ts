@@ -46,6 +46,8 @@ export interface Notifications {
   readonly queue: DeliveryQueue
   readonly notifier: Notifier
   readonly smtpConfigured: boolean
+  /** Whether the agent exists (a listing filtered by an unknown agent answers 404). */
+  agentExists(agentId: string): Promise<boolean>
   /** Deliveries waiting (pending or retrying): for the metrics export. */
   queueDepth(): number
   start(): Promise<void>
@@ -94,6 +96,7 @@ export function buildNotifications(d: NotifyDeps): Notifications {
     queue,
     notifier,
     smtpConfigured: d.settings.smtp !== null,
+    agentExists: async (agentId) => (await d.registry.getAgent(agentId)) !== undefined,
     queueDepth: () => queue.depth(),
     async start() {
       await Promise.all([book.load(), spend.load()])

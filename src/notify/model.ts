@@ -1,3 +1,4 @@
+import { AGENT_ID_RE } from '../agents/registry.js'
 import { invalid } from '../errors/index.js'
 import { RATE_WINDOWS, type RateWindow } from '../policy/model.js'
 import { AmountError, parseDecimal } from '../util/money.js'
@@ -118,17 +119,25 @@ export function channelOf(v: unknown, smtpConfigured: boolean): Channel {
   throw invalid('notify.type', 'notify.type must be one of webhook, email, slack')
 }
 
+/** An agent id as a request names it (a body field or a query filter): 400 before any lookup, so a long one is never echoed in a 404. */
+export function agentIdOf(v: unknown): string {
+  if (typeof v !== 'string') throw invalid('agentId', 'agentId must be a string')
+  if (!AGENT_ID_RE.test(v)) throw invalid('agentId', 'agentId must match [A-Za-z0-9._-]{1,64}')
+  return v
+}
+
 /** What a POST (or a PATCH merged over the stored alert) may set. */
 export type AlertInput = Omit<Alert, 'alertId' | 'createdAt'>
 
 /** Validate an alert's fields as a whole (POST, or PATCH merged over the stored alert). */
 export function alertInput(body: Record<string, unknown>, smtpConfigured: boolean): AlertInput {
   onlyKnown('', body, ['agentId', 'type', 'threshold', 'window', 'notify'])
-  if (typeof body.agentId !== 'string' || !body.agentId) throw invalid('agentId', 'agentId is required')
+  if (body.agentId === undefined || body.agentId === null || body.agentId === '') throw invalid('agentId', 'agentId is required')
+  const agentId = agentIdOf(body.agentId)
   const type = body.type
   if (typeof type !== 'string' || !ALERT_TYPES.includes(type as AlertType)) throw invalid('type', `type must be one of ${ALERT_TYPES.join(', ')}`)
   const notify = channelOf(body.notify, smtpConfigured)
-  const base = { agentId: body.agentId, notify }
+  const base = { agentId, notify }
   if (type === 'policy_violation') {
     if (body.threshold !== undefined && body.threshold !== null) throw invalid('threshold', 'policy_violation takes no threshold')
     if (body.window !== undefined && body.window !== null) throw invalid('window', 'policy_violation takes no window')

@@ -68,7 +68,8 @@ t.test('alerts: validation names the field; agent keys read their own and cannot
   t.equal((await gw.api('DELETE', `/v1/alerts/${id}`)).status, 204)
   t.equal((await gw.api('GET', `/v1/alerts/${id}`)).status, 404)
   await gw.api('DELETE', '/v1/agents/a-val')
-  t.same((await gw.api('GET', '/v1/alerts?agentId=a-val')).body.alerts, [], "an agent's alerts go with it")
+  t.same(gw.gw.notify.book.ofAgent('a-val'), [], "an agent's alerts go with it")
+  t.equal((await gw.api('GET', '/v1/alerts?agentId=a-val')).status, 404, 'and its id lists as an unknown agent')
 })
 
 t.test('policy_violation: every rejection, signed, with the spec payload', async (t) => {
@@ -298,4 +299,30 @@ t.test('a masked URL sent back with a change is refused (it would be stored with
     'a masked Slack URL',
   )
   await refused(await gw.api('POST', '/v1/webhooks', { body: { url: shown.url } }), 'url', 'POST /v1/webhooks')
+})
+
+t.test('agentId: 400 when malformed (never echoed), "must be a string"; listings 404 for an agent that does not exist', async (t) => {
+  const hook = { type: 'webhook', url: rx.url }
+  const long = 'x'.repeat(3000)
+  const r = await gw.api('POST', '/v1/alerts', { body: { agentId: long, type: 'policy_violation', notify: hook } })
+  t.same([r.status, r.body.error, r.body.field, r.body.detail], [400, 'invalid_request', 'agentId', 'agentId must match [A-Za-z0-9._-]{1,64}'], 'as PUT /v1/policies answers')
+  t.notOk(r.text.includes(long), 'the id is not echoed')
+  const n = await gw.api('POST', '/v1/alerts', { body: { agentId: 5, type: 'policy_violation', notify: hook } })
+  t.same([n.status, n.body.field, n.body.detail], [400, 'agentId', 'agentId must be a string'])
+  t.equal((await gw.api('POST', '/v1/alerts', { body: { type: 'policy_violation', notify: hook } })).body.detail, 'agentId is required')
+  for (const path of ['/v1/alerts', '/v1/deliveries']) {
+    const unknown = await gw.api('GET', `${path}?agentId=nosuch`)
+    t.same([unknown.status, unknown.body.error], [404, 'not_found'], `${path}: an unknown agent`)
+    t.equal((await gw.api('GET', `${path}?agentId=${long}`)).status, 400, `${path}: a malformed one`)
+  }
+  await gw.api('POST', '/v1/agents', { body: { agentId: 'a-none' } })
+  t.same((await gw.api('GET', '/v1/alerts?agentId=a-none')).body.alerts, [], 'an agent without alerts: an empty list')
+  t.same((await gw.api('GET', '/v1/deliveries?agentId=a-none')).body.deliveries, [])
+  // A deleted agent's delivery log stays listed (only an empty page looks the agent up).
+  await gw.api('POST', '/v1/agents', { body: { agentId: 'a-gone' } })
+  const id = await alert({ agentId: 'a-gone', type: 'policy_violation', notify: { type: 'webhook', url: `${rx.url}/gone` } })
+  await gw.api('POST', `/v1/alerts/${id}/test`)
+  await gw.gw.notify.settle()
+  await gw.api('DELETE', '/v1/agents/a-gone')
+  t.equal((await gw.api('GET', '/v1/deliveries?agentId=a-gone')).body.deliveries.length, 1)
 })

@@ -1,7 +1,7 @@
-import { PaygateError, invalid } from '../../errors/index.js'
+import { PaygateError, invalid, notFound } from '../../errors/index.js'
 import type { Notifications } from '../../notify/index.js'
 import { maskChannel, refuseMasked, sentUrl } from '../../notify/mask.js'
-import { alertInput, type Alert } from '../../notify/model.js'
+import { agentIdOf, alertInput, type Alert } from '../../notify/model.js'
 import { onlyFields } from '../http.js'
 import { requireAgentAccess, type Route } from '../router.js'
 
@@ -45,12 +45,15 @@ export function alertRoutes(n: Notifications): Route[] {
       path: '/v1/alerts',
       access: 'agent',
       async handler(ctx) {
-        let agentId = ctx.url.searchParams.get('agentId') ?? undefined
+        let agentId = ctx.url.searchParams.get('agentId') || undefined
+        if (agentId !== undefined) agentIdOf(agentId)
         if (ctx.identity?.kind === 'agent') {
           if (agentId && agentId !== ctx.identity.agentId) throw new PaygateError('forbidden', "an agent key may only list its own agent's alerts")
           agentId = ctx.identity.agentId
         }
         const alerts = agentId ? n.book.ofAgent(agentId) : n.book.all()
+        // As the transactions listing: an agent that does not exist is 404, not an empty list.
+        if (!alerts.length && agentId && !(await n.agentExists(agentId))) throw notFound(`agent ${agentId}`)
         return { status: 200, body: { alerts: alerts.map(alertView) } }
       },
     },

@@ -1,7 +1,7 @@
-import { PaygateError, invalid } from '../../errors/index.js'
+import { PaygateError, invalid, notFound } from '../../errors/index.js'
 import type { Notifications } from '../../notify/index.js'
 import { maskChannel } from '../../notify/mask.js'
-import { DELIVERY_STATUSES, type Delivery, type DeliveryStatus } from '../../notify/model.js'
+import { agentIdOf, DELIVERY_STATUSES, type Delivery, type DeliveryStatus } from '../../notify/model.js'
 import { intParam, onlyFields } from '../http.js'
 import { requireAgentAccess, type Route } from '../router.js'
 
@@ -32,7 +32,8 @@ export function deliveryRoutes(n: Notifications): Route[] {
       access: 'agent',
       async handler(ctx) {
         const q = ctx.url.searchParams
-        let agentId = q.get('agentId') ?? undefined
+        let agentId = q.get('agentId') || undefined
+        if (agentId !== undefined) agentIdOf(agentId)
         if (ctx.identity?.kind === 'agent') {
           if (agentId && agentId !== ctx.identity.agentId) throw new PaygateError('forbidden', "an agent key may only list its own agent's deliveries")
           agentId = ctx.identity.agentId
@@ -49,6 +50,8 @@ export function deliveryRoutes(n: Notifications): Route[] {
           ...(status ? { status: status as DeliveryStatus } : {}),
           ...(cursor ? { cursor } : {}),
         })
+        // As the transactions listing: only an empty first page looks the agent up, so a deleted agent's log stays listed.
+        if (!page.deliveries.length && agentId && !cursor && !(await n.agentExists(agentId))) throw notFound(`agent ${agentId}`)
         return { status: 200, body: { deliveries: page.deliveries.map(deliveryView), nextCursor: page.nextCursor } }
       },
     },
