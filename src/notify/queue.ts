@@ -5,7 +5,9 @@ import type { Clock } from '../util/clock.js'
 import { randomBase62 } from '../util/random.js'
 import type { AttemptResult } from './channels/http.js'
 import { maskChannel } from './mask.js'
-import type { Channel, Delivery, DeliveryStatus, DropReason } from './model.js'
+import { type DeliveryFilter, listDeliveries, sweepDeliveries } from './delivery-log.js'
+import { DestinationSlots, destinationOf, PER_DESTINATION } from './destinations.js'
+import type { Delivery, DropReason } from './model.js'
 import { afterFailure, ok } from './schedule.js'
 
 export type Sender = (d: Delivery) => Promise<AttemptResult>
@@ -50,23 +52,6 @@ export const newDeliveryId = (now: number): string => `dl_${now.toString(36).pad
 const SWEEP_EVERY_MS = 3_600_000
 
 /**
- * Attempts in flight at once to one destination: a receiver that hangs holds at most this
- * many of the `concurrency` slots (each for up to notify.timeoutMs), so the deliveries of
- * every other destination keep going while its own wait their turn.
- */
-export const PER_DESTINATION = 2
-
-/** Where an attempt goes, as far as a hang is shared: a URL's origin; every e-mail goes through the one SMTP server. */
-export function destinationOf(c: Channel): string {
-  if (c.type === 'email') return 'smtp'
-  try {
-    return new URL(c.url).origin
-  } catch {
-    return c.url
-  }
-}
-
-/**
  * The durable delivery queue. Every delivery is a record in the store (`notifyDeliveries`,
  * with its body bytes, attempts and next due time); those not yet delivered or dropped are
  * also indexed (`notifyDue`, id to due time, that index alone held in memory), so a restart picks the schedule up where it
@@ -91,7 +76,7 @@ export class DeliveryQueue {
   private readonly waiting = new Map<string, number>()
   private readonly inFlight = new Set<string>()
   /** Attempts in flight by destination (`destinationOf`). */
-  private readonly busy = new Map<string, number>()
+  private readonly slots: DestinationSlots
   /** The destination of waiting deliveries, once known (accepted here, or read by an attempt): the pump skips those whose destination is full. */
   private readonly dests = new Map<string, string>()
   private readonly running = new Set<Promise<void>>()
@@ -101,7 +86,6 @@ export class DeliveryQueue {
   private adopting: Promise<number> | null = null
   private closed = false
   private readonly pollMs: number
-  private readonly perDestination: number
   /** This replica's id when replicas share the store; null on LevelDB. */
   private readonly me: string | null
   /** Waiting deliveries of other replicas seen by the last look, with their owner: not read again while it lives. */
@@ -117,7 +101,7 @@ export class DeliveryQueue {
     this.coll = store.collection('notifyDeliveries')
     this.dueColl = store.collection('notifyDue')
     this.pollMs = opts.pollMs ?? 1000
-    this.perDestination = opts.perDestination ?? PER_DESTINATION
+    this.slots = new DestinationSlots(opts.perDestination ?? PER_DESTINATION)
     this.me = opts.owners?.replicaId ?? null
   }
 
@@ -195,12 +179,12 @@ export class DeliveryQueue {
     for (const [id] of due) {
       if (this.inFlight.size >= this.opts.concurrency) break
       const dest = this.dests.get(id)
-      if (dest !== undefined && !this.claim(dest)) continue
+      if (dest !== undefined && !this.slots.claim(dest)) continue
       // Not known yet (loaded at start, adopted): the attempt claims its destination once it has read the delivery.
       const slot = { dest: dest ?? null }
       this.inFlight.add(id)
       const p = this.attempt(id, slot).finally(() => {
-        if (slot.dest !== null) this.release(slot.dest)
+        if (slot.dest !== null) this.slots.release(slot.dest)
         this.inFlight.delete(id)
         this.running.delete(p)
         this.kick()
@@ -214,20 +198,6 @@ export class DeliveryQueue {
       }, this.pollMs)
       this.timer.unref()
     }
-  }
-
-  /** Take one of `dest`'s slots; false when all are taken. */
-  private claim(dest: string): boolean {
-    const n = this.busy.get(dest) ?? 0
-    if (n >= this.perDestination) return false
-    this.busy.set(dest, n + 1)
-    return true
-  }
-
-  private release(dest: string): void {
-    const n = (this.busy.get(dest) ?? 1) - 1
-    if (n > 0) this.busy.set(dest, n)
-    else this.busy.delete(dest)
   }
 
   /** A delivery no longer waiting here. */
@@ -332,7 +302,7 @@ export class DeliveryQueue {
       const dest = destinationOf(d.channel)
       this.dests.set(id, dest)
       // Its destination is full: left waiting, and passed over by the pump now that its destination is known.
-      if (!this.claim(dest)) return
+      if (!this.slots.claim(dest)) return
       slot.dest = dest
     }
     let r: AttemptResult
@@ -484,31 +454,13 @@ export class DeliveryQueue {
   }
 
   /** Newest first, filtered; `cursor`: the last id of the previous page. */
-  async list(f: { agentId?: string; alertId?: string; status?: DeliveryStatus; limit: number; cursor?: string }): Promise<{ deliveries: Delivery[]; nextCursor: string | null }> {
-    const out: Delivery[] = []
-    let scanned = 0
-    for await (const [, d] of this.coll.entries({ reverse: true, ...(f.cursor ? { lt: f.cursor } : {}) })) {
-      scanned++
-      if ((f.agentId && d.agentId !== f.agentId) || (f.alertId && d.alertId !== f.alertId) || (f.status && d.status !== f.status)) continue
-      out.push(d)
-      if (out.length > f.limit || scanned > 100_000) break
-    }
-    const more = out.length > f.limit
-    if (more) out.pop()
-    return { deliveries: out, nextCursor: more ? out[out.length - 1]!.id : null }
+  list(f: DeliveryFilter): Promise<{ deliveries: Delivery[]; nextCursor: string | null }> {
+    return listDeliveries(this.coll, f)
   }
 
   /** Delete delivered and dropped deliveries older than the retention. */
-  async sweep(): Promise<number> {
-    const cutoff = this.clock.now() - this.opts.retentionMs
-    const ops: BatchOp[] = []
-    for await (const [id, d] of this.coll.entries()) {
-      if (d.createdAt >= cutoff) break
-      if ((d.status === 'delivered' || d.status === 'dropped') && d.updatedAt < cutoff) ops.push({ type: 'del', coll: this.coll as Collection<unknown>, key: id })
-      if (ops.length >= 1000) break
-    }
-    await this.store.batch(ops)
-    return ops.length
+  sweep(): Promise<number> {
+    return sweepDeliveries(this.store, this.coll, this.clock.now() - this.opts.retentionMs)
   }
 
   /**
