@@ -67,6 +67,8 @@ export class Outbox {
   private rerun = false
   /** When each unconfirmed record (by hash) was last sent. */
   private readonly sentAt = new Map<string, number>()
+  /** When each unconfirmed record (by transaction id) was first sent: resends keep it. */
+  private readonly firstSentAt = new Map<string, number>()
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
   private closed = false
@@ -129,6 +131,18 @@ export class Outbox {
   /** How many records are waiting to be sent or confirmed. */
   pending(): number {
     return this.stored
+  }
+
+  /**
+   * How long the oldest record sent and not yet confirmed has waited since it was first sent
+   * (ms), or null. Records confirm in nonce order: one that never gets a receipt (its nonce
+   * taken by a transaction sent from the signer's key elsewhere) holds every later one, and
+   * this keeps growing while resends go unanswered.
+   */
+  oldestWaitMs(): number | null {
+    const first = this.unconfirmed[0]
+    const at = first ? this.firstSentAt.get(first.txId) : undefined
+    return at === undefined ? null : Math.max(0, this.clock.now() - at)
   }
 
   private held(): number {
@@ -308,7 +322,10 @@ export class Outbox {
       const r = await this.writer.broadcast(batch.map((e) => e.raw)).catch((e: unknown) => ({ sent: 0, error: e }))
       const sent = this.unsent.splice(0, r.sent)
       const now = this.clock.now()
-      for (const e of sent) this.sentAt.set(e.hash, now)
+      for (const e of sent) {
+        this.sentAt.set(e.hash, now)
+        if (!this.firstSentAt.has(e.txId)) this.firstSentAt.set(e.txId, now)
+      }
       this.unconfirmed.push(...sent)
       if (r.error) throw r.error
     }
@@ -329,7 +346,10 @@ export class Outbox {
       if (!r.success) this.log.error({ txId: e.txId, hash: e.hash }, 'ledger record reverted')
     })
     await this.store.batch(ops)
-    for (const { e } of confirmed) this.sentAt.delete(e.hash)
+    for (const { e } of confirmed) {
+      this.sentAt.delete(e.hash)
+      this.firstSentAt.delete(e.txId)
+    }
     this.unconfirmed.splice(0, confirmed.length)
     this.stored -= confirmed.length
     const stuck = this.unconfirmed[0]

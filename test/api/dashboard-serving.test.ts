@@ -114,7 +114,7 @@ t.test('GET /v1/me and GET /v1/health', async (t) => {
   t.equal((await gw.api('GET', '/v1/me', { key: null })).status, 401)
   const h = await gw.api('GET', '/v1/health')
   t.equal(h.status, 200)
-  t.match(h.body, { status: 'ok', store: { ok: true, status: 'open' }, chain: { ok: true, network: String, embedded: true, blockNumber: Number }, outbox: { pending: 0 } })
+  t.match(h.body, { status: 'ok', store: { ok: true, status: 'open' }, chain: { ok: true, network: String, embedded: true, blockNumber: Number }, outbox: { ok: true, pending: 0, oldestWaitS: null } })
   t.equal((await gw.api('GET', '/v1/health', { key: agentKey })).status, 403)
 })
 

@@ -240,8 +240,10 @@ t.test('a record the node dropped (no receipt long after it was sent) is sent ag
   while (writer.broadcasts.length < 1 && Date.now() < end) await new Promise((r) => setTimeout(r, 20))
   await new Promise((r) => setTimeout(r, 100))
   t.equal(writer.broadcasts.length, 1, 'no resend while the wait for a receipt is short')
+  t.ok(o.outbox.oldestWaitMs()! < 5_000, 'the oldest record has just been sent')
   clock.offset += 60_000 // a minute without a receipt
   while (writer.broadcasts.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 20))
+  t.ok(o.outbox.oldestWaitMs()! >= 60_000, 'a resend does not restart the wait')
   t.same(
     writer.broadcasts.slice(0, 2),
     [
@@ -252,6 +254,7 @@ t.test('a record the node dropped (no receipt long after it was sent) is sent ag
   )
   writer.mined = true
   t.ok(await o.outbox.drain(5_000), 'then confirmed')
+  t.equal(o.outbox.oldestWaitMs(), null, 'nothing waits')
   t.ok(writer.feeRefreshes >= 2, 'each pass asks for fees (the writer refreshes them when due)')
 })
 

@@ -5,6 +5,8 @@ import type { Route } from '../router.js'
 
 /** How long the health summary waits for the chain's block number before showing it as down. */
 const CHAIN_ANSWER_MS = 1500
+/** A ledger record sent this long ago without a receipt (five resends) makes the summary `degraded`. */
+export const LEDGER_STALL_S = 300
 
 async function blockNumberWithin(chain: Chain, ms: number): Promise<number | null> {
   let timer: NodeJS.Timeout | undefined
@@ -43,13 +45,16 @@ export function summaryRoutes(deps: { store: Store; chain: Chain; outbox: Outbox
         const storeOk = store.status === 'open' && store.applyError === undefined
         const blockNumber = await blockNumberWithin(chain, CHAIN_ANSWER_MS)
         const pending = outbox.pending()
+        const wait = outbox.oldestWaitMs()
+        const oldestWaitS = wait === null ? null : Math.floor(wait / 1000)
+        const outboxOk = oldestWaitS === null || oldestWaitS < LEDGER_STALL_S
         return {
           status: 200,
           body: {
-            status: storeOk && blockNumber !== null ? 'ok' : 'degraded',
+            status: storeOk && blockNumber !== null && outboxOk ? 'ok' : 'degraded',
             store: { ok: storeOk, status: store.status },
             chain: { ok: blockNumber !== null, network: chain.info.network, chainId: chain.info.chainId, embedded: chain.embedded, blockNumber },
-            outbox: { pending },
+            outbox: { ok: outboxOk, pending, oldestWaitS },
           },
         }
       },

@@ -71,7 +71,10 @@ function Health() {
       <dt>Chain</dt>
       <dd>{d.chain.ok ? `${d.chain.network}, block ${d.chain.blockNumber}` : `${d.chain.network}: not answering`}</dd>
       <dt>Ledger outbox</dt>
-      <dd>{d.outbox.pending} record(s) waiting to be sent or confirmed</dd>
+      <dd>
+        {d.outbox.pending} record(s) waiting to be sent or confirmed
+        {d.outbox.oldestWaitS !== null && d.outbox.oldestWaitS >= 60 ? `; the oldest sent ${d.outbox.oldestWaitS} s ago without a receipt` : ''}
+      </dd>
     </dl>
   )
 }
