@@ -251,7 +251,7 @@ function buildEngine(ctx: Ctx, l: Ledger, egress: EgressGuard, s: Started) {
   })
   const runner = new InvocationRunner({
     ...{ engine, book: invocations, registry: l.registry, policies: l.policies, wallets: l.walletStore, transactions: l.transactions, outbox: l.outbox },
-    ...{ clock, timeoutMs: config.invoke.timeoutMs },
+    ...{ events, clock, timeoutMs: config.invoke.timeoutMs },
   })
   const reconciler = (s.reconciler = new Reconciler(engine, l.chain, l.transactions, clock, log))
   if (shared) reconciler.alsoEachPass(() => closeOrphaned(invocations, runner, log))

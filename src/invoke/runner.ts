@@ -2,8 +2,10 @@ import type { Registry } from '../agents/registry.js'
 import { recordIdOf, ZERO32, type LedgerEntry } from '../chain/ledger-tx.js'
 import type { PaymentEngine } from '../engine/engine.js'
 import { PaygateError } from '../errors/index.js'
+import type { EventBus } from '../events/bus.js'
+import { channels } from '../events/channels.js'
 import type { Outbox } from '../ledger/outbox.js'
-import { newTxId, type Transactions, type TxRecord } from '../ledger/transactions.js'
+import { endpointOf, newTxId, type Transactions, type TxRecord } from '../ledger/transactions.js'
 import { capLeft, decideCapHold } from '../policy/caps.js'
 import { domainOf } from '../policy/domains.js'
 import { newInvocationId, newInvocationToken, tokenHash, type InvocationBook, type InvocationRecord } from '../policy/invocations.js'
@@ -26,6 +28,7 @@ export interface InvokeDeps {
   wallets: Wallets
   transactions: Transactions
   outbox: Outbox
+  events: EventBus
   clock: Clock
   /** `invoke.timeoutMs`: how long the sub-agent may take for its answer's headers, then again for its whole body. */
   timeoutMs: number
@@ -129,12 +132,21 @@ export class InvocationRunner {
     // A later invocation of a run must not move the run's createdAt (concurrent first ones of a new run may each write theirs).
     const runKnown = input.runId ? await this.d.book.hasRun(agentId, input.runId) : false
     let opened: InvocationRecord | null = null
+    let refused: { rec: TxRecord; error: PaygateError } | null = null
     const shared = this.d.book.isShared
     const { result, written: locked } = await this.d.engine.recorder.usage(agentId, async (usage, tx) => {
       const policy = await this.d.policies.policyOf(agentId)
       // A nested cap is carved from its parent's alone: only the domain lists apply here.
       const decision = decideCapHold(policy, usage, { host: domainOf(input.agentEndpoint), cap: parent ? 0n : cap }, now)
-      if (!decision.ok) throw new PaygateError('policy_violation', decision.detail, { extra: { reason: decision.reason } })
+      if (!decision.ok) {
+        // Recorded as a payment's refusal is (status rejected, with its reason): listed, and counted in the metrics.
+        const rec: TxRecord = {
+          ...{ id: newTxId(now), agentId, status: 'rejected', createdAt: now, updatedAt: now, endpoint: endpointOf(input.agentEndpoint), method: 'POST', protocol: null },
+          ...{ amount: cap.toString(), txHash: null, parentTxHash, depth, reason: decision.reason, detail: decision.detail },
+        }
+        refused = { rec, error: new PaygateError('policy_violation', decision.detail, { extra: { reason: decision.reason } }) }
+        return { ops: this.d.engine.recorder.ops({ kind: 'rejected', record: rec }), result: outcome(Promise.resolve(ZERO32)) }
+      }
       let parentOps: BatchOp[] = []
       if (parent) {
         const carved = await this.d.book.carve(tx, parent.id, id, cap)
@@ -155,6 +167,13 @@ export class InvocationRunner {
     })
     const written = await result
     const decided = await locked
+    // (set inside the callback, which TypeScript does not follow)
+    const refusal = refused as { rec: TxRecord; error: PaygateError } | null
+    if (refusal) {
+      if (!decided.ok) throw decided.error
+      this.announceRefusal(refusal.rec)
+      throw refusal.error
+    }
     if (!written.ok || !opened || !decided.ok) {
       this.d.policies.forgetUsage(agentId)
       if (shared && decided.ok) await this.undoOpen(agentId, id, parent?.id ?? null)
@@ -164,6 +183,13 @@ export class InvocationRunner {
       throw !decided.ok ? decided.error : written.ok ? new PaygateError('internal_error', 'the invocation was not recorded') : written.error
     }
     return { rec: opened, token }
+  }
+
+  /** An opening the orchestrator's policy refused, its rejected record written: announced as a payment's refusal is. */
+  private announceRefusal(rec: TxRecord): void {
+    const reason = rec.reason ?? ''
+    if (channels.paymentRejected.hasSubscribers) channels.paymentRejected.publish({ agentId: rec.agentId, transactionId: rec.id, reason })
+    this.d.events.emit('policy.violation', { agentId: rec.agentId, timestamp: new Date(rec.createdAt).toISOString(), reason, detail: rec.detail ?? '', endpoint: rec.endpoint, transactionId: rec.id })
   }
 
   /** Shared by replicas: give back the carve and the cap hold of an invocation whose opening write failed. */

@@ -84,3 +84,23 @@ t.test('/v1/agents/invoke under any other method: 405 with Allow: POST (not agen
   t.same([agent.status, agent.body.agentId], [200, 'orch'], 'an agent id in that place is still an agent')
   t.equal((await gw.api('PUT', '/v1/agents/orch')).headers.get('allow'), 'GET, DELETE')
 })
+
+t.test("the orchestrator's policy refusing the invocation: 402, and recorded as a rejected transaction with its reason", async (t) => {
+  await gw.api('POST', '/v1/agents', { body: { agentId: 'picky-orch' } })
+  await gw.api('POST', '/v1/wallets', { body: { agentId: 'picky-orch' } })
+  await gw.api('PUT', '/v1/policies/picky-orch', { body: { blockedDomains: ['127.0.0.1'], dailyBudget: { usdc: 1 } } })
+  let called = 0
+  const url = await serve((_req, res) => {
+    called++
+    res.end('{"output":"never"}')
+  })
+  const r = await gw.api('POST', '/v1/agents/invoke', { headers: { 'x-agent-id': 'picky-orch' }, body: { agentEndpoint: url, task: {}, budget: { usdc: 0.5 } } })
+  t.same([r.status, r.body.error, r.body.reason], [402, 'policy_violation', 'domain_blocked'], r.text)
+  t.equal(called, 0, 'the sub-agent was not called')
+  const listed = (await gw.api('GET', '/v1/transactions?agentId=picky-orch&status=rejected')).body.transactions
+  t.match(listed, [{ agentId: 'picky-orch', status: 'rejected', reason: 'domain_blocked', endpoint: url, amountPaid: { usdc: 0 } }])
+  t.equal(listed.length, 1)
+  const m = (await gw.api('GET', '/v1/agents/picky-orch/metrics?metrics=rejected_count,tx_count')).body.metrics
+  t.same(m, { rejected_count: { total: 1, by_reason: { domain_blocked: 1 } }, tx_count: 0 })
+  t.equal((await gw.api('GET', '/v1/policies/picky-orch')).body.dailyBudget.usedToday, 0, 'nothing held or spent')
+})
