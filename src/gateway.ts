@@ -157,6 +157,8 @@ interface Started {
  */
 async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await Promise.all([s.api && closeServer(s.api, graceMs), s.proxy?.close(graceMs)])
+  // Sends still out after the grace are cut first, so the work waiting on them ends while all below is open.
+  await s.upstream?.close()
   s.stopSweeping?.()
   await s.notify?.close()
   s.prometheus?.close()
@@ -165,7 +167,6 @@ async function closeStarted(s: Started, graceMs: number): Promise<void> {
   await s.outbox?.close()
   await s.stopFolding?.()
   await s.flushMetrics?.()
-  await s.upstream?.close()
   await s.chain?.close()
   await s.store.close()
 }

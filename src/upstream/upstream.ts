@@ -204,9 +204,16 @@ export class Upstream {
     })
   }
 
+  /**
+   * At shutdown, once the listeners have drained: what is still in flight (a sub-agent that has
+   * not answered, a slow target) is cut, as the pooled connections' sends are, so its handler
+   * ends now, while the store and the outbox are open, rather than keeping the process up to
+   * `invoke.timeoutMs` past `shutdown.graceMs`. A payment cut so is settled by its outcome as any
+   * failed send is (from the chain, or by the reconciler).
+   */
   async close(): Promise<void> {
     this.pool.close()
-    await this.dispatcher.close()
+    await this.dispatcher.destroy()
   }
 }
 

@@ -1,5 +1,7 @@
 import t from 'tap'
 import { readFileSync } from 'node:fs'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts'
 import { testDir } from '../helpers/gateway.js'
@@ -107,4 +109,34 @@ t.test('an invocation cut off by SIGKILL is interrupted at the next start; its h
   })
   const lateBody = (await late504.json()) as { error: string; upstreamStatus: unknown; totalCost: unknown }
   t.same([late504.status, lateBody.error, lateBody.upstreamStatus, lateBody.totalCost], [504, 'sub_agent_failed', null, { usdc: 0 }])
+})
+
+t.test('SIGTERM while an invocation waits on its sub-agent: the gateway exits after its grace, not when the sub-agent answers', async (t) => {
+  const dataDir = testDir(t)
+  // invoke.timeoutMs at its default (120 s): a shutdown that waited for the sub-agent would be cut by stop() (SIGKILL after 15 s).
+  const gw = await spawnGateway({ PAYGATE_DATA_DIR: dataDir, PAYGATE_SHUTDOWN_GRACE_MS: '500' })
+  t.teardown(() => gw.stop('SIGKILL'))
+  const acct = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  await call(gw.url, 'POST', '/v1/agents', acct, { agentId: 'orch' })
+  await call(gw.url, 'POST', '/v1/wallets', acct, { agentId: 'orch' })
+  let received!: () => void
+  const got = new Promise<void>((r) => (received = r))
+  const silent = createServer((req) => {
+    req.resume()
+    received()
+  })
+  await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r))
+  t.teardown(() => {
+    silent.closeAllConnections()
+    silent.close()
+  })
+  const url = `http://127.0.0.1:${(silent.address() as AddressInfo).port}/task`
+  const invoking = fetch(`${gw.url}/v1/agents/invoke`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${acct}`, 'content-type': 'application/json', 'x-agent-id': 'orch' },
+    body: JSON.stringify({ agentEndpoint: url, task: 'wait', budget: { usdc: 0.1 } }),
+  }).catch(() => null)
+  await got
+  t.equal(await gw.stop('SIGTERM'), 0, 'exited by itself, with 0, while the sub-agent still had not answered')
+  await invoking
 })
