@@ -65,9 +65,8 @@ export class Outbox {
   /** While records up to (not including) this nonce wait in the store only. */
   private spilledUpTo: bigint | null = null
   private rerun = false
-  /** When each unconfirmed record (by hash) was last sent. */
+  /** When each unconfirmed record was last sent (by hash), and first sent (by transaction id: resends keep it). */
   private readonly sentAt = new Map<string, number>()
-  /** When each unconfirmed record (by transaction id) was first sent: resends keep it. */
   private readonly firstSentAt = new Map<string, number>()
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
@@ -133,12 +132,7 @@ export class Outbox {
     return this.stored
   }
 
-  /**
-   * How long the oldest record sent and not yet confirmed has waited since it was first sent
-   * (ms), or null. Records confirm in nonce order: one that never gets a receipt (its nonce
-   * taken by a transaction sent from the signer's key elsewhere) holds every later one, and
-   * this keeps growing while resends go unanswered.
-   */
+  /** Since when (ms ago) the oldest unconfirmed record was first sent, or null: one that never gets a receipt holds every later one (GET /v1/health). */
   oldestWaitMs(): number | null {
     const first = this.unconfirmed[0]
     const at = first ? this.firstSentAt.get(first.txId) : undefined
@@ -322,10 +316,8 @@ export class Outbox {
       const r = await this.writer.broadcast(batch.map((e) => e.raw)).catch((e: unknown) => ({ sent: 0, error: e }))
       const sent = this.unsent.splice(0, r.sent)
       const now = this.clock.now()
-      for (const e of sent) {
-        this.sentAt.set(e.hash, now)
-        if (!this.firstSentAt.has(e.txId)) this.firstSentAt.set(e.txId, now)
-      }
+      for (const e of sent) this.sentAt.set(e.hash, now)
+      for (const e of sent) if (!this.firstSentAt.has(e.txId)) this.firstSentAt.set(e.txId, now)
       this.unconfirmed.push(...sent)
       if (r.error) throw r.error
     }
