@@ -224,7 +224,8 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     t.equal(await doomed.stop('SIGKILL'), 'SIGKILL')
     await cut
     const invokeOn = (g: (typeof replicas)[number], usdc: number) => post(g.url, '/v1/agents/invoke', orchKey, { 'x-agent-id': 'orph' }, { agentEndpoint: `${sub}/quick`, task: {}, budget: { usdc } })
-    const roots = async () => (await call(b!.url, 'GET', '/v1/transactions?agentId=orph', acct)).body.transactions as { kind: string; status: string }[]
+    const listed = async () => (await call(b!.url, 'GET', '/v1/transactions?agentId=orph', acct)).body.transactions as { kind?: string; status: string; reason?: string }[]
+    const roots = async () => (await listed()).filter((x) => x.kind === 'invocation')
     t.same(
       (await roots()).map((x) => [x.kind, x.status]),
       [['invocation', 'open']],
@@ -232,6 +233,11 @@ t.test('three gateway processes on one PostgreSQL database and one external chai
     )
     const refused = await invokeOn(b!, 0.6)
     t.same([refused.status, refused.body.reason], [402, 'daily_budget_exceeded'], 'its cap hold still counts against the daily budget')
+    t.same(
+      (await listed()).filter((x) => x.status === 'rejected').map((x) => x.reason),
+      ['daily_budget_exceeded'],
+      'the refusal is listed, as a payment refusal is',
+    )
     let now = await roots()
     for (let i = 0; i < 240 && now[0]?.status === 'open'; i++) {
       await new Promise((r) => setTimeout(r, 250))
