@@ -373,17 +373,7 @@ export class DeliveryQueue {
       // Its owner stays: a replica that holds it in memory finds it dropped at its next look.
       return { ops: this.write({ ...d, status: 'dropped', nextAt: null, dropReason: why, updatedAt: this.clock.now() }, false), result: true }
     }
-    let done: boolean
-    if (this.me) {
-      const r = await this.store.transact(lockOf(id), change)
-      const w = await r.written
-      if (!w.ok) throw w.error
-      done = r.result
-    } else {
-      const r = await change()
-      await this.store.batch(r.ops)
-      done = r.result
-    }
+    const done = await this.changeOne(id, change)
     if (!this.closed) this.forget(id)
     if (done) this.log.info({ deliveryId: id, reason: why }, 'notification dropped: what it was for was deleted')
     return done
@@ -406,6 +396,19 @@ export class DeliveryQueue {
       }
     }
     return n
+  }
+
+  /** A read-modify-write of one delivery: under its lock when replicas share the store, else as is; its result once written. */
+  private async changeOne<T>(id: string, change: () => Promise<{ ops: BatchOp[]; result: T }>): Promise<T> {
+    if (!this.me) {
+      const r = await change()
+      await this.store.batch(r.ops)
+      return r.result
+    }
+    const r = await this.store.transact(lockOf(id), change)
+    const w = await r.written
+    if (!w.ok) throw w.error
+    return r.result
   }
 
   /** A delivery's ops; `own`: stamped as this replica's (not when dropping another's). */
@@ -437,18 +440,8 @@ export class DeliveryQueue {
       const next: Delivery = this.owned({ ...rest, status: 'pending', nextAt: now, retriedAt: [...(d.retriedAt ?? []), now], updatedAt: now })
       return { ops: this.write(next), result: next }
     }
-    let next: Delivery
-    if (this.me) {
-      // Under the delivery's lock: two replicas retrying it at once, one wins and owns it; the other gets the 409.
-      const r = await this.store.transact(lockOf(id), again)
-      const w = await r.written
-      if (!w.ok) throw w.error
-      next = r.result
-    } else {
-      const r = await again()
-      await this.store.batch(r.ops)
-      next = r.result
-    }
+    // Under the delivery's lock: two replicas retrying it at once, one wins and owns it; the other gets the 409.
+    const next = await this.changeOne(id, again)
     this.accept([next])
     return next
   }
