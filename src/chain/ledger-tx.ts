@@ -3,6 +3,7 @@ import { keccak256 } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
 import { Lru } from '../util/lru.js'
 import type { Logger } from '../log/index.js'
+import { entryOfLedgerTx } from './ledger-call.js'
 import { LedgerSignThread } from './ledger-sign-thread.js'
 import { LedgerSigner, type LedgerSignContext, type LedgerTx } from './ledger-signer.js'
 
@@ -164,6 +165,21 @@ export class LedgerWriter {
       return { sent: i, error: Object.assign(new Error(`ledger record not accepted: ${r.error.message}`), { code: r.error.code }) }
     }
     return { sent: raws.length }
+  }
+
+  /**
+   * Whether another transaction took a sent record's nonce: the chain counts a transaction from
+   * the signer at that nonce mined, and it is not this record (no receipt, read after the count).
+   * Such a record can never be mined (Outbox.replace records it again).
+   */
+  async nonceTaken(nonce: bigint, hash: Hex): Promise<boolean> {
+    const mined = await this.chain.publicClient.getTransactionCount({ address: this.chain.signer.address, blockTag: 'latest' })
+    return BigInt(mined) > nonce && (await this.receipt(hash)) === null
+  }
+
+  /** The entry a stored record's transaction records (to record it again under another nonce). */
+  entryOf(raw: Hex): LedgerEntry {
+    return entryOfLedgerTx(raw)
   }
 
   async receipt(hash: Hex): Promise<LedgerReceipt | null> {

@@ -26,7 +26,7 @@ export async function subtreeOf(transactions: Transactions, rootTxId: string): P
   let level = root ? [root] : []
   let nodes = 0
   for (let depth = 1; level.length && depth <= MAX_DEPTH && nodes < MAX_TREE_NODES; depth++) {
-    const ids = await Promise.all(level.map((r) => (r.txHash ? transactions.childIds(r.txHash) : Promise.resolve([]))))
+    const ids = await Promise.all(level.map((r) => transactions.childIdsOf(r)))
     const next: TxRecord[] = []
     for (const child of await transactions.getMany(ids.flat())) {
       if (!child || ++nodes > MAX_TREE_NODES) continue

@@ -1,18 +1,22 @@
 import { channels } from '../events/channels.js'
 import type { Hex } from 'viem'
-import type { LedgerEntry, LedgerReceipt, LedgerWriter } from '../chain/ledger-tx.js'
+import type { LedgerEntry, LedgerWriter } from '../chain/ledger-tx.js'
 import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { KeyedMutex } from '../util/mutex.js'
+import { minedInOrder, type OutboxEntry } from './outbox-receipts.js'
 import { RecordSigning } from './record-signing.js'
 import type { Transactions } from './transactions.js'
 import { systemClock, type Clock } from '../util/clock.js'
 
-interface OutboxEntry {
-  nonce: string
+interface QueuedRecord {
+  entry: LedgerEntry
   txId: string
-  raw: Hex
-  hash: Hex
+  ops: (hash: Hex) => BatchOp[]
+  resolve: (h: Hex) => void
+  reject: (e: unknown) => void
+  /** Shared store: checked under the signer's lock before a nonce is taken; false drops the record (`superseded`). */
+  still?: () => Promise<boolean>
 }
 
 const NONCE_KEY = 'ledgerNextNonce'
@@ -71,7 +75,7 @@ export class Outbox {
   private timer: NodeJS.Timeout | null = null
   private pumping: Promise<void> | null = null
   private closed = false
-  private readonly queue: { entry: LedgerEntry; txId: string; ops: (hash: Hex) => BatchOp[]; resolve: (h: Hex) => void; reject: (e: unknown) => void }[] = []
+  private readonly queue: QueuedRecord[] = []
   /** Which signature each record gets: one made ahead, or the signing thread's. */
   private readonly signing: RecordSigning
 
@@ -165,8 +169,12 @@ export class Outbox {
    * are group-committed: consecutive nonces, one LevelDB batch.
    */
   record(entry: LedgerEntry, txId: string, ops: (hash: Hex) => BatchOp[]): Promise<Hex> {
+    return this.enqueue({ entry, txId, ops })
+  }
+
+  private enqueue(r: Omit<QueuedRecord, 'resolve' | 'reject'>): Promise<Hex> {
     return new Promise<Hex>((resolve, reject) => {
-      this.queue.push({ entry, txId, ops, resolve, reject })
+      this.queue.push({ ...r, resolve, reject })
       if (this.queue.length === 1) queueMicrotask(() => void this.flush())
     })
   }
@@ -192,9 +200,10 @@ export class Outbox {
       const hashes: Hex[] = []
       const stored: OutboxEntry[] = []
       let nonce = this.nextNonce
+      let kept = group
       try {
         if (this.shared) {
-          nonce = await this.storeShared(group, batch, hashes, stored)
+          ;({ next: nonce, kept } = await this.storeShared(group, batch, hashes, stored))
         } else {
           nonce = await this.signGroup(group, nonce, batch, hashes, stored)
           await this.store.batch(batch)
@@ -206,9 +215,13 @@ export class Outbox {
       this.nextNonce = nonce
       this.signing.passed(nonce)
       this.stored += stored.length
-      if (this.spilledUpTo === null && this.held() + stored.length <= this.maxHeld) this.hold(stored)
-      else this.spilledUpTo = nonce
-      for (const [i, g] of group.entries()) g.resolve(hashes[i]!)
+      // Nothing stored when every record of the group was dropped (superseded).
+      if (stored.length) {
+        if (this.spilledUpTo === null && this.held() + stored.length <= this.maxHeld) this.hold(stored)
+        else this.spilledUpTo = nonce
+      }
+      for (const [i, g] of kept.entries()) g.resolve(hashes[i]!)
+      if (kept !== group) for (const g of group) if (!kept.includes(g)) g.reject(Object.assign(new Error('superseded'), { code: 'superseded' }))
     })
     // record() schedules a flush for whatever arrives meanwhile; the pass waits to send a run
     // of records and find the earlier ones mined, instead of one pass (and one receipt miss) per payment.
@@ -216,7 +229,7 @@ export class Outbox {
   }
 
   /** Sign the group from `nonce` on, adding its rows, the callers' ops and the next nonce to `batch`; the next nonce. */
-  private async signGroup(group: Outbox['queue'], nonce: bigint, batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<bigint> {
+  private async signGroup(group: readonly QueuedRecord[], nonce: bigint, batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<bigint> {
     const sigs = await this.signing.signAll(
       group.map((g) => g.entry),
       nonce,
@@ -236,12 +249,14 @@ export class Outbox {
   }
 
   /** Shared store: take the nonces from the database under the signer's cross-replica lock, written in that lock's transaction. */
-  private async storeShared(group: Outbox['queue'], batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<bigint> {
+  private async storeShared(group: readonly QueuedRecord[], batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<{ next: bigint; kept: QueuedRecord[] }> {
     const { result, written } = await this.store.transact('ledger:signer', async () => {
+      const kept: QueuedRecord[] = []
+      for (const g of group) if (!g.still || (await g.still())) kept.push(g)
       const at = await this.meta.get(NONCE_KEY)
       const from = at !== undefined && BigInt(at) > this.chainNonce ? BigInt(at) : this.chainNonce
-      const next = await this.signGroup(group, from, batch, hashes, stored)
-      return { ops: batch, result: next }
+      const next = await this.signGroup(kept, from, batch, hashes, stored)
+      return { ops: batch, result: { next, kept } }
     })
     const w = await written
     if (!w.ok) throw w.error
@@ -273,39 +288,6 @@ export class Outbox {
     this.timer.unref()
   }
 
-  /**
-   * The unconfirmed records that have receipts, from the first on. Confirming stops at the first
-   * record without a receipt (`left`): a pass costs what changed, not the whole backlog. Once two
-   * records in a row share a block, the rest of that block's receipts come in one call; and
-   * once records come several to a block, the next record is looked for in the next block's
-   * receipts first (they are mined in nonce order): one call a block, not one a record.
-   */
-  private async mined(): Promise<{ confirmed: { e: OutboxEntry; r: LedgerReceipt }[]; left: boolean }> {
-    const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
-    let fromBlock = new Map<string, LedgerReceipt>()
-    let lastBlock = -1
-    let dense = false
-    for (const e of this.unconfirmed) {
-      const h = e.hash.toLowerCase()
-      let r = fromBlock.get(h)
-      if (r) dense = true
-      else if (dense) {
-        fromBlock = (await this.writer.blockReceipts(lastBlock + 1)) ?? fromBlock
-        r = fromBlock.get(h)
-        if (r) lastBlock = r.blockNumber
-      }
-      if (!r) {
-        const one = await this.writer.receipt(e.hash)
-        if (!one) return { confirmed, left: true }
-        if (one.blockNumber === lastBlock) fromBlock = (await this.writer.blockReceipts(one.blockNumber)) ?? fromBlock
-        lastBlock = one.blockNumber
-        r = one
-      }
-      confirmed.push({ e, r })
-    }
-    return { confirmed, left: false }
-  }
-
   /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
     if (this.spilledUpTo !== null) await this.readBack()
@@ -321,7 +303,7 @@ export class Outbox {
       this.unconfirmed.push(...sent)
       if (r.error) throw r.error
     }
-    const { confirmed, left } = await this.mined()
+    const { confirmed, left } = await minedInOrder(this.unconfirmed, this.writer)
     // The pass's records in one read and every confirmation in one write (they are
     // idempotent: a crash only means the next pass redoes them).
     const prevs = await this.transactions.getMany(confirmed.map((c) => c.e.txId))
@@ -331,7 +313,10 @@ export class Outbox {
       const prev = this.transactions.liveRecord(e.txId) ?? prevs[i]
       ops.push({ type: 'del', coll: this.entries, key: nonceKey(BigInt(e.nonce)) })
       if (prev) {
-        const ledger = r.success ? { status: 'confirmed' as const, blockNumber: r.blockNumber } : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted' }
+        const replaced = prev.ledger?.replacedTxHash ? { replacedTxHash: prev.ledger.replacedTxHash } : {}
+        const ledger = r.success
+          ? { status: 'confirmed' as const, blockNumber: r.blockNumber, ...replaced }
+          : { status: 'failed' as const, blockNumber: r.blockNumber, error: 'ledger record reverted', ...replaced }
         ops.push(...this.transactions.ops({ ...prev, ledger }, prev))
         if (channels.ledgerConfirmed.hasSubscribers) channels.ledgerConfirmed.publish({ transactionId: prev.id, success: r.success, lagMs: Math.max(0, this.clock.now() - prev.updatedAt) })
       }
@@ -346,10 +331,45 @@ export class Outbox {
     this.stored -= confirmed.length
     const stuck = this.unconfirmed[0]
     if (stuck && this.clock.now() - (this.sentAt.get(stuck.hash) ?? 0) >= this.resendAfterMs) {
+      if (await this.writer.nonceTaken(BigInt(stuck.nonce), stuck.hash)) {
+        await this.replace(stuck)
+        this.schedule(this.pollMs)
+        return
+      }
       this.log.warn({ txId: stuck.txId, hash: stuck.hash, waiting: this.unconfirmed.length }, 'a ledger record has no receipt long after it was sent; sending it and those after it again')
       this.unsent = [...this.unconfirmed.splice(0), ...this.unsent]
     }
     if (left || this.spilledUpTo !== null || this.unsent.length) this.schedule(this.pollMs)
+  }
+
+  /**
+   * A record whose nonce another transaction from the signer's account took (someone sent from
+   * that key) can never be mined, and holds every later record unconfirmed: it is recorded again
+   * under the next nonce, its row replaced in the same batch, and the payment's record takes the
+   * new ledger hash (the old one kept as `ledger.replacedTxHash`). Shared store: the row is
+   * replaced only if it is still stored (another replica may have replaced it first).
+   */
+  private async replace(old: OutboxEntry): Promise<void> {
+    this.log.warn({ txId: old.txId, hash: old.hash, nonce: old.nonce }, "another transaction took a ledger record's nonce; recording it again under a new nonce")
+    const key = nonceKey(BigInt(old.nonce))
+    const prev = this.transactions.liveRecord(old.txId) ?? (await this.transactions.get(old.txId))
+    const ops = (hash: Hex): BatchOp[] => {
+      const del: BatchOp = { type: 'del', coll: this.entries, key }
+      const rec = this.transactions.liveRecord(old.txId) ?? prev
+      if (!rec) return [del]
+      return [del, ...this.transactions.ops({ ...rec, txHash: hash, ledger: { status: 'queued', replacedTxHash: old.hash } }, rec)]
+    }
+    const still = async (): Promise<boolean> => (await this.entries.get(key))?.hash === old.hash
+    try {
+      await this.enqueue({ entry: this.writer.entryOf(old.raw), txId: old.txId, ops, ...(this.shared ? { still } : {}) })
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'superseded') throw e
+    }
+    // Recorded again (or by another replica): the old row is gone from the store and from here.
+    this.unconfirmed.splice(this.unconfirmed.indexOf(old), 1)
+    this.stored--
+    this.sentAt.delete(old.hash)
+    this.firstSentAt.delete(old.txId)
   }
 
   /**

@@ -86,7 +86,8 @@ export interface TxRecord {
   upstreamStatus?: number
   attempts?: number
   idempotencyKey?: string
-  ledger?: { status: 'queued' | 'confirmed' | 'failed'; blockNumber?: number; error?: string }
+  /** `replacedTxHash`: the record's first ledger hash, when another transaction took its nonce and it was recorded again (Outbox.replace). */
+  ledger?: { status: 'queued' | 'confirmed' | 'failed'; blockNumber?: number; error?: string; replacedTxHash?: string }
 }
 
 export interface TxListFilter {
@@ -284,6 +285,18 @@ export class Transactions {
     const ids: string[] = []
     for await (const k of this.byParent.keys({ gte: prefix, lt: `${txHash.toLowerCase()}\x01` })) ids.push(k.slice(prefix.length))
     return ids
+  }
+
+  /**
+   * The ids of the records hung under `rec`, oldest first: under its ledger hash, and under the
+   * one it replaced (children recorded before its ledger record was recorded again, Outbox.replace).
+   */
+  async childIdsOf(rec: TxRecord): Promise<string[]> {
+    if (!rec.txHash) return []
+    const replaced = rec.ledger?.replacedTxHash
+    if (!replaced) return this.childIds(rec.txHash)
+    const [a, b] = await Promise.all([this.childIds(rec.txHash), this.childIds(replaced)])
+    return [...b, ...a].sort()
   }
 
   /**

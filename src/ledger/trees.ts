@@ -74,7 +74,7 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
   let level: { rec: TxRecord; node: TreeNode }[] = [{ rec: root!, node: top }]
   for (let depth = 1; level.length && depth <= MAX_DEPTH; depth++) {
     const next: typeof level = []
-    const ids = await Promise.all(level.map(({ rec }) => (rec.txHash ? transactions.childIds(rec.txHash) : Promise.resolve([]))))
+    const ids = await Promise.all(level.map(({ rec }) => transactions.childIdsOf(rec)))
     const recs = await transactions.getMany(ids.flat())
     let at = 0
     for (const [i, { node }] of level.entries()) {

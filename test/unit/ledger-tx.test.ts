@@ -331,3 +331,22 @@ t.test('ledgerLocation: origin and path hash, kept per URL and frozen', async (t
   }
   t.throws(() => ledgerLocation('not a url'))
 })
+
+t.test('entryOf reads back the entry a stored record records, signed or unsigned (a record recorded again under a new nonce)', async (t) => {
+  const pk = generatePrivateKey()
+  const info = { chainId: 31337, ledger: privateKeyToAccount(generatePrivateKey()).address }
+  const writers = [true, false].map((unsignedLedger) => new LedgerWriter({ embedded: true, unsignedLedger, info, fastSigner: new FastSigner(pk) } as unknown as Chain))
+  for (const w of writers) await w.refreshFees()
+  // Strings that survive UTF-8 (a lone surrogate is written as U+FFFD, so it reads back otherwise).
+  const utf8 = (s: string): boolean => Buffer.from(s, 'utf8').toString('utf8') === s
+  let checked = 0
+  for (let i = 0; i < 200; i++) {
+    const e = entry()
+    if (![e.agentId, e.protocol, e.origin].every(utf8)) continue
+    const lower = { ...e, id: e.id.toLowerCase() as Hex, parentTxHash: e.parentTxHash.toLowerCase() as Hex, pathHash: e.pathHash.toLowerCase() as Hex }
+    for (const w of writers) t.same(w.entryOf(w.sign(e, BigInt(i)).raw), lower)
+    checked++
+  }
+  t.ok(checked > 100, `${checked} entries read back`)
+  t.throws(() => writers[0]!.entryOf('0x01'), /EIP-1559/, 'not a ledger transaction')
+})

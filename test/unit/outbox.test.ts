@@ -1,79 +1,14 @@
 import t, { type Test } from 'tap'
 import { rmSync } from 'node:fs'
 import type { Hex } from 'viem'
-import type { LedgerEntry, LedgerReceipt, LedgerWriter } from '../../src/chain/ledger-tx.js'
-import { keccak256 } from '../../src/crypto/keccak.js'
+import type { LedgerWriter } from '../../src/chain/ledger-tx.js'
+import { entry, FakeWriter, hashOf } from '../helpers/fake-ledger-writer.js'
 import { Outbox } from '../../src/ledger/outbox.js'
 import { Transactions, type TxRecord } from '../../src/ledger/transactions.js'
 import type { Logger } from '../../src/log/index.js'
 import { Store } from '../../src/store/index.js'
 import { tempDir, testDir } from '../helpers/gateway.js'
 import { OffsetClock, type Clock } from '../../src/util/clock.js'
-
-const ZERO: Hex = `0x${'0'.repeat(64)}`
-const entry = (i: number): LedgerEntry => ({ id: keccak256(`r${i}`, 'utf8'), parentTxHash: ZERO, agentId: 'a', amount: 1n, protocol: 'x402', origin: 'http://m', pathHash: ZERO, depth: 0 })
-const hashOf = (nonce: bigint): Hex => keccak256(`tx${nonce}`, 'utf8')
-
-/** A chain that mines the outbox's records into the given blocks (by nonce), once `mined` is set. */
-class FakeWriter {
-  mined = false
-  blockReceiptsSupported = true
-  receiptCalls = 0
-  blockCalls = 0
-  readonly byHash = new Map<string, LedgerReceipt>()
-  constructor(
-    private readonly blockOf: (nonce: number) => number,
-    private readonly reverted = new Set<number>(),
-  ) {}
-  async init(): Promise<bigint> {
-    return 0n
-  }
-  feeRefreshes = 0
-  async refreshFeesIfDue(): Promise<void> {
-    this.feeRefreshes++
-  }
-  /** What the signatures depend on besides entry and nonce (the fees, on a real chain). */
-  fees = 'f1'
-  stamp(): string {
-    return this.fees
-  }
-  /** Every signature made: [entry id, nonce]. */
-  readonly signs: [Hex, number][] = []
-  /** The size of each group request (`signMany`). */
-  readonly groups: number[] = []
-  sign(e: LedgerEntry, nonce: bigint): { raw: Hex; hash: Hex } {
-    this.signs.push([e.id, Number(nonce)])
-    const hash = hashOf(nonce)
-    this.byHash.set(hash, { success: !this.reverted.has(Number(nonce)), blockNumber: this.blockOf(Number(nonce)) })
-    return { raw: `0x${nonce.toString(16).padStart(4, '0')}`, hash }
-  }
-  /** Signing requests (as LedgerWriter.signMany: asynchronous, one per group). */
-  async signMany(items: readonly { entry: LedgerEntry; nonce: bigint }[]): Promise<{ raw: Hex; hash: Hex }[]> {
-    this.groups.push(items.length)
-    return items.map((i) => this.sign(i.entry, i.nonce))
-  }
-  async close(): Promise<void> {}
-  /** The nonces of each broadcast call. */
-  readonly broadcasts: number[][] = []
-  /** The next broadcast: the node takes only this many, then refuses one. */
-  refuseAfter: number | null = null
-  async broadcast(raws: Hex[]): Promise<{ sent: number; error?: Error }> {
-    this.broadcasts.push(raws.map((r) => Number.parseInt(r.slice(2), 16)))
-    const refuse = this.refuseAfter
-    this.refuseAfter = null
-    return refuse === null ? { sent: raws.length } : { sent: refuse, error: new Error('replacement transaction underpriced') }
-  }
-  async receipt(hash: Hex): Promise<LedgerReceipt | null> {
-    if (!this.mined) return null
-    this.receiptCalls++
-    return this.byHash.get(hash) ?? null
-  }
-  async blockReceipts(n: number): Promise<Map<string, LedgerReceipt> | null> {
-    if (!this.blockReceiptsSupported) return null
-    this.blockCalls++
-    return new Map([...this.byHash].filter(([, r]) => r.blockNumber === n))
-  }
-}
 
 const log = { warn() {}, error() {}, info() {}, debug() {} } as unknown as Logger
 
@@ -324,4 +259,30 @@ t.test('a record signed ahead is stored with that signature when it gets the non
     [0, 1, 2, 3, 4, 5],
     'consecutive nonces, each sent',
   )
+})
+
+t.test("a record whose nonce another transaction took is recorded again under the next nonce, its payment's record taking the new hash", async (t) => {
+  const writer = new FakeWriter(() => 5)
+  writer.taken.add(1)
+  const clock = new OffsetClock()
+  const o = await open(t, writer, undefined, undefined, clock)
+  t.teardown(() => rmSync(o.dir, { recursive: true, force: true }))
+  const recs = await record(o, 0, 3)
+  writer.mined = true
+  t.notOk(await o.outbox.drain(300), 'before the resend interval: the record stays unconfirmed, and the one behind it too')
+  t.equal(o.outbox.pending(), 2)
+  clock.offset += 60_000
+  t.ok(await o.outbox.drain(5_000), 'after it: every record confirmed')
+  const [r0, r1, r2] = (await o.transactions.getMany(recs.map((r) => r.id))) as TxRecord[]
+  t.match(r1, { txHash: hashOf(3n), ledger: { status: 'confirmed', replacedTxHash: hashOf(1n) } }, 'recorded again at the next nonce, naming the hash it replaced')
+  t.match(r0, { txHash: hashOf(0n), ledger: { status: 'confirmed' } })
+  t.match(r2, { txHash: hashOf(2n), ledger: { status: 'confirmed' } }, 'the record behind it confirmed under its own hash')
+  t.notOk(r2!.ledger!.replacedTxHash)
+  t.same(
+    writer.signs.filter(([id]) => id === entry(1).id).map(([, n]) => n),
+    [1, 3],
+    "the same entry, signed again once, at the signer's next nonce",
+  )
+  t.same(writer.broadcasts.at(-1), [3], 'the new one sent')
+  t.equal(o.outbox.pending(), 0, 'no row left in the store')
 })

@@ -1,0 +1,46 @@
+import type { Hex } from 'viem'
+import type { LedgerReceipt, LedgerWriter } from '../chain/ledger-tx.js'
+
+/** A stored ledger record: its nonce, the payment it records, the transaction and its hash. */
+export interface OutboxEntry {
+  nonce: string
+  txId: string
+  raw: Hex
+  hash: Hex
+}
+
+/**
+ * The unconfirmed records that have receipts, from the first on. Confirming stops at the first
+ * record without a receipt (`left`): a pass costs what changed, not the whole backlog. Once two
+ * records in a row share a block, the rest of that block's receipts come in one call; and
+ * once records come several to a block, the next record is looked for in the next block's
+ * receipts first (they are mined in nonce order): one call a block, not one a record.
+ */
+export async function minedInOrder(
+  unconfirmed: readonly OutboxEntry[],
+  writer: Pick<LedgerWriter, 'receipt' | 'blockReceipts'>,
+): Promise<{ confirmed: { e: OutboxEntry; r: LedgerReceipt }[]; left: boolean }> {
+  const confirmed: { e: OutboxEntry; r: LedgerReceipt }[] = []
+  let fromBlock = new Map<string, LedgerReceipt>()
+  let lastBlock = -1
+  let dense = false
+  for (const e of unconfirmed) {
+    const h = e.hash.toLowerCase()
+    let r = fromBlock.get(h)
+    if (r) dense = true
+    else if (dense) {
+      fromBlock = (await writer.blockReceipts(lastBlock + 1)) ?? fromBlock
+      r = fromBlock.get(h)
+      if (r) lastBlock = r.blockNumber
+    }
+    if (!r) {
+      const one = await writer.receipt(e.hash)
+      if (!one) return { confirmed, left: true }
+      if (one.blockNumber === lastBlock) fromBlock = (await writer.blockReceipts(one.blockNumber)) ?? fromBlock
+      lastBlock = one.blockNumber
+      r = one
+    }
+    confirmed.push({ e, r })
+  }
+  return { confirmed, left: false }
+}
