@@ -43,7 +43,19 @@ export interface WebhookEndpoint {
  */
 export type EventEntry =
   | { id: string; kind: 'violation'; agentId: string; at: number; txId: string; reason: string; detail: string; endpoint: string }
-  | { id: string; kind: 'paid'; agentId: string; at: number; txId: string; amount: string; usedToday: string; periodStart: number | null; dailyBudget?: string | null }
+  | {
+      id: string
+      kind: 'paid'
+      agentId: string
+      at: number
+      txId: string
+      amount: string
+      usedToday: string
+      periodStart: number | null
+      dailyBudget?: string | null
+      /** The recording process's total of the payment's minute, this payment included (spend_rate's window as of the payment; absent in entries of older versions). */
+      minuteAsOf?: { writer: string; units: string }
+    }
 
 export type DeliveryStatus = 'pending' | 'delivered' | 'retrying' | 'dropped'
 export const DELIVERY_STATUSES: readonly DeliveryStatus[] = ['pending', 'delivered', 'retrying', 'dropped']

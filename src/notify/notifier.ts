@@ -11,7 +11,7 @@ import { slackMessage } from './channels/slack.js'
 import { builtInKey, capKey, fire, inert, testPayload, windowsOf, type Fired, type Message } from './fire.js'
 import type { Alert, Delivery, EventEntry, SpecEvent } from './model.js'
 import { type DeliveryQueue, newDeliveryId } from './queue.js'
-import type { MinuteSpend, SpendWindow } from './spend.js'
+import type { MinuteAsOf, MinuteSpend, SpendWindow } from './spend.js'
 
 /** An event entry not found this long after its record hook ran belongs to a write that failed: forgotten. */
 const UNWRITTEN_AFTER_MS = 30_000
@@ -21,6 +21,8 @@ const ORPHANED_AFTER_MS = 30_000
 const CAP_LOG_EVERY_MS = 10_000
 /** Replicas: the database lock every expansion holds (the fired state and endpoint caps are read-modify-written across agents). */
 const EXPAND_LOCK = 'notify\u0000expand'
+
+const asOfEntry = (a: MinuteAsOf): { writer: string; units: string } => ({ writer: a.writer, units: a.units.toString() })
 
 export interface NotifierOptions {
   /** Deliveries per account webhook endpoint per minute (a storm of refusals must not become a storm of webhooks). */
@@ -147,6 +149,7 @@ export class Notifier {
           ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
           ...{ usedToday: used !== null ? used.toString() : r.amount, periodStart: usage?.periodStart ?? null },
           ...(budget !== undefined ? { dailyBudget: budget } : {}),
+          ...(this.book.ofAgent(r.agentId).some((a) => a.type === 'spend_rate') ? { minuteAsOf: asOfEntry(this.spend.asOf(r.agentId, at)) } : {}),
         }
       } else return []
       ops.push({ type: 'put', coll: this.events as Collection<unknown>, key: entry.id, value: entry })
@@ -248,7 +251,9 @@ export class Notifier {
     if (ev.kind === 'paid') {
       const b = ev.dailyBudget !== undefined ? ev.dailyBudget : (await this.policies.policyOf(ev.agentId)).dailyBudget
       dailyBudget = b === undefined || b === null ? null : BigInt(b)
-      for (const [w, ms] of windowsOf(alerts)) windowSpend.set(w, await this.window.spent(ev.agentId, ev.at - ms, ev.at))
+      // As of the payment: its minute's bucket, read now, may hold later payments of that minute.
+      const asOf = ev.minuteAsOf ? { writer: ev.minuteAsOf.writer, minute: ev.at - (ev.at % 60_000), units: BigInt(ev.minuteAsOf.units) } : undefined
+      for (const [w, ms] of windowsOf(alerts)) windowSpend.set(w, await this.window.spent(ev.agentId, ev.at - ms, ev.at, asOf))
     }
     const out = fire({ event: ev, alerts, endpoints, fired, dailyBudget, windowSpend, endpointPerMinute: this.opts.endpointPerMinute })
     const now = this.clock.now()

@@ -7,8 +7,19 @@ import { randomBase62 } from '../util/random.js'
  * those instead of `MinuteSpend`.
  */
 export interface SpendWindow {
-  /** Base units paid by `agentId` in the minute buckets that start after `fromMs` and at or before `toMs` (to the minute, as usage.ts counts rate windows). */
-  spent(agentId: string, fromMs: number, toMs: number): Promise<bigint>
+  /**
+   * Base units paid by `agentId` in the minute buckets that start after `fromMs` and at or before
+   * `toMs` (to the minute, as usage.ts counts rate windows). With `asOf`, its writer's bucket of
+   * its minute counts as it stood then (read now, it may hold later payments of that minute).
+   */
+  spent(agentId: string, fromMs: number, toMs: number, asOf?: MinuteAsOf): Promise<bigint>
+}
+
+/** One writer's total of one minute at a moment: a payment's own minute, this payment included (`MinuteSpend.asOf`). */
+export interface MinuteAsOf {
+  writer: string
+  minute: number
+  units: bigint
 }
 
 const MINUTE_MS = 60_000
@@ -72,6 +83,12 @@ export class MinuteSpend implements SpendWindow {
     return ops
   }
 
+  /** This process's total of the minute of `at`, as it stands now (right after `add`: that payment's own minute). */
+  asOf(agentId: string, at: number): MinuteAsOf {
+    const minute = at - (at % MINUTE_MS)
+    return { writer: this.writer, minute, units: this.byAgent.get(agentId)?.get(minute) ?? 0n }
+  }
+
   /** This process's buckets of a deleted agent (all of them on LevelDB; with replicas see `forgetAll`). */
   forget(agentId: string): BatchOp[] {
     const m = this.byAgent.get(agentId)
@@ -88,22 +105,23 @@ export class MinuteSpend implements SpendWindow {
     return ops
   }
 
-  async spent(agentId: string, fromMs: number, toMs: number): Promise<bigint> {
-    if (this.writer) return this.spentShared(agentId, fromMs, toMs)
+  async spent(agentId: string, fromMs: number, toMs: number, asOf?: MinuteAsOf): Promise<bigint> {
+    if (this.writer) return this.spentShared(agentId, fromMs, toMs, asOf)
     let n = 0n
-    for (const [b, u] of this.byAgent.get(agentId) ?? []) if (b > fromMs && b <= toMs) n += u
+    for (const [b, u] of this.byAgent.get(agentId) ?? []) if (b > fromMs && b <= toMs) n += asOf && b === asOf.minute && asOf.writer === '' ? asOf.units : u
     return n
   }
 
   /** Replicas: every writer's buckets in the window, from the store. */
-  private async spentShared(agentId: string, fromMs: number, toMs: number): Promise<bigint> {
+  private async spentShared(agentId: string, fromMs: number, toMs: number, asOf?: MinuteAsOf): Promise<bigint> {
     const from = fromMs - (fromMs % MINUTE_MS)
     const to = toMs - (toMs % MINUTE_MS)
     let n = 0n
     // Buckets start on minutes: one after `fromMs` starts after its minute, and `toMs`'s minute is in.
     for await (const [key, units] of this.coll.entries({ gt: keyOf(agentId, from) + AFTER_WRITERS, lte: keyOf(agentId, to) + AFTER_WRITERS })) {
       const b = Number.parseInt(key.slice(agentId.length + 1, agentId.length + 10), 36)
-      if (b > fromMs && b <= toMs) n += BigInt(units)
+      if (!(b > fromMs && b <= toMs)) continue
+      n += asOf && b === asOf.minute && key.slice(agentId.length + 11) === asOf.writer ? asOf.units : BigInt(units)
     }
     return n
   }

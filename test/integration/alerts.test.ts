@@ -1,4 +1,5 @@
 import t from 'tap'
+import type { SpendWindow } from '../../src/notify/spend.js'
 import { clockedPayer } from '../helpers/clocked-payer.js'
 import { startReceiver, verify } from '../helpers/receiver.js'
 
@@ -167,6 +168,33 @@ t.test('spend_rate: fires when the window passes the threshold, re-arms when a p
     'armed again: fires once more',
   )
   t.same(Object.keys((await fired())[0]), ['event', 'agentId', 'timestamp', 'window', 'spentUsdc', 'thresholdUsdc'])
+})
+
+t.test('spend_rate: spentUsdc is the window as of the payment that passed it, not with what was paid after it in the same minute', async (t) => {
+  const pay = await agent('a-sr2', {})
+  await alert({ agentId: 'a-sr2', type: 'spend_rate', threshold: 0.015, window: '1h', notify: { type: 'webhook', url: `${rx.url}/sr2` } })
+  const from = rx.got.length
+  clock.offset += 60_000 - ((Date.now() + clock.offset) % 60_000) + 1000
+  // The window's read of the payment that passes the threshold waits until a later payment of the same minute is recorded.
+  const window = (gw.gw.notify.notifier as unknown as { window: SpendWindow }).window
+  const spent = window.spent.bind(window)
+  let open = () => {}
+  const later = new Promise<void>((r) => (open = r))
+  let reads = 0
+  window.spent = async (...args: Parameters<SpendWindow['spent']>) => {
+    if (args[0] === 'a-sr2' && ++reads === 2) await later
+    return spent(...args)
+  }
+  t.teardown(() => {
+    window.spent = spent
+  })
+  t.equal(await pay(), 200)
+  t.equal(await pay(), 200) // passes 0.015; its expansion waits
+  while (reads < 2) await new Promise((r) => setTimeout(r, 5))
+  t.equal(await pay(), 200) // recorded before that expansion reads the window
+  open()
+  const fired = (await since(from)).filter((r) => r.path === '/sr2').map((r) => r.body)
+  t.match(fired, [{ event: 'spend_rate.exceeded', agentId: 'a-sr2', window: '1h', spentUsdc: 0.02 }], 'the window as it stood after the payment that passed it')
 })
 
 t.test('account endpoints: default events, deduplicated with an alert on the same URL, capped per minute', async (t) => {

@@ -42,3 +42,21 @@ t.test("two replicas' payments in the same minutes are summed by either", async 
   for await (const k of sa.collection('notifySpend').keys()) left.push(k)
   t.same(left, [], "nothing of x's left, from either writer")
 })
+
+t.test("asOf with replicas: only the recording writer's bucket of the payment's minute is taken as it stood", async (t) => {
+  const { store: sa, url } = await testStore(t, undefined, 'postgres')
+  const sb = await Store.open(testDir(t), { postgresUrl: url! })
+  t.teardown(() => sb.close())
+  const a = new MinuteSpend(sa)
+  const b = new MinuteSpend(sb)
+  await Promise.all([a.load(), b.load()])
+  const t0 = Date.parse('2026-03-01T10:00:00Z')
+  await sa.batch(a.add('x', t0 + 5_000, 10n))
+  const asOf = a.asOf('x', t0 + 5_000)
+  t.equal(asOf.units, 10n)
+  await sa.batch(a.add('x', t0 + 6_000, 20n)) // later, through the same replica
+  await sb.batch(b.add('x', t0 + 7_000, 40n)) // and through the other
+  const now = t0 + 5_000
+  t.equal(await b.spent('x', now - 60_000, now), 70n, 'read now: every later payment of the minute')
+  t.equal(await b.spent('x', now - 60_000, now, asOf), 50n, "as of A's payment: A's bucket as it stood, B's as it is (read through B)")
+})

@@ -39,3 +39,20 @@ t.test('spend over trailing windows, to the minute, durable', async (t) => {
   for await (const k of store.collection('notifySpend').keys()) left.push(k)
   t.same(left, [], 'nothing left on disk after forget')
 })
+
+t.test("asOf: a payment's own minute as it stood right after it, whatever that minute holds now", async (t) => {
+  const store = await Store.open(testDir(t))
+  t.teardown(() => store.close())
+  const spend = new MinuteSpend(store)
+  await spend.load()
+  const t0 = Date.parse('2026-03-01T10:00:00Z')
+  await store.batch(spend.add('a', t0 + 5_000, 10n))
+  await store.batch(spend.add('a', t0 + 65_000, 20n))
+  const asOf = spend.asOf('a', t0 + 65_000)
+  t.same(asOf, { writer: '', minute: t0 + 60_000, units: 20n })
+  await store.batch(spend.add('a', t0 + 70_000, 40n)) // later in the same minute
+  const now = t0 + 65_000
+  t.equal(await spend.spent('a', now - 3_600_000, now), 70n, 'read now: the later payment is in')
+  t.equal(await spend.spent('a', now - 3_600_000, now, asOf), 30n, 'as of the payment: its minute as it stood, the minute before as it is')
+  t.equal(await spend.spent('a', now - 3_600_000, now, { ...asOf, writer: 'other' }), 70n, "another writer's minute does not replace this one's")
+})
