@@ -63,3 +63,29 @@ t.test('the remembered URL parses answer as before, every time', async (t) => {
     t.equal(sameOrigin({ resource: null }, 'not a url'), false)
   }
 })
+
+t.test('Lru agrees with a reference LRU (a Map re-inserted on each use) over random uses', async (t) => {
+  for (const max of [1, 2, 3, 8, 64]) {
+    const c = new Lru<number, number>(max)
+    const ref = new Map<number, number>()
+    const touch = (k: number, v: number) => {
+      ref.delete(k)
+      ref.set(k, v)
+      if (ref.size > max) ref.delete(ref.keys().next().value!)
+    }
+    let same = true
+    for (let i = 0; i < 20_000 && same; i++) {
+      const k = Math.floor(Math.random() * max * 2)
+      if (Math.random() < 0.5) {
+        c.set(k, i)
+        touch(k, i)
+      } else {
+        const want = ref.get(k)
+        if (want !== undefined) touch(k, want)
+        same = c.get(k) === want
+      }
+      same &&= c.size === ref.size
+    }
+    t.ok(same, `max ${max}: every read and size as the reference's`)
+  }
+})
