@@ -8,6 +8,7 @@ import { maskChannel } from './mask.js'
 import { type DeliveryFilter, listDeliveries, sweepDeliveries } from './delivery-log.js'
 import { DestinationSlots, destinationOf, PER_DESTINATION } from './destinations.js'
 import type { Delivery, DropReason } from './model.js'
+import { Adopter, lockOf } from './adoption.js'
 import { afterFailure, ok } from './schedule.js'
 
 export type Sender = (d: Delivery) => Promise<AttemptResult>
@@ -42,9 +43,6 @@ export interface QueueOptions {
    */
   cancelled?: (d: Delivery) => Promise<DropReason | null>
 }
-
-/** Added to `attemptMs` for what follows an attempt (its result's write). */
-const FENCE_MARGIN_MS = 2_000
 
 /** Sortable by creation: a reverse walk lists newest first, a forward one finds what retention removes. */
 export const newDeliveryId = (now: number): string => `dl_${now.toString(36).padStart(9, '0')}${randomBase62(10)}`
@@ -88,8 +86,8 @@ export class DeliveryQueue {
   private readonly pollMs: number
   /** This replica's id when replicas share the store; null on LevelDB. */
   private readonly me: string | null
-  /** Waiting deliveries of other replicas seen by the last look, with their owner: not read again while it lives. */
-  private others = new Map<string, string>()
+  /** Replicas: finds and takes the deliveries of stopped replicas (adoption.ts). */
+  private readonly adopter: Adopter | null
 
   constructor(
     private readonly store: Store,
@@ -103,6 +101,17 @@ export class DeliveryQueue {
     this.pollMs = opts.pollMs ?? 1000
     this.slots = new DestinationSlots(opts.perDestination ?? PER_DESTINATION)
     this.me = opts.owners?.replicaId ?? null
+    this.adopter = opts.owners
+      ? new Adopter({
+          ...{ store, coll: this.coll, dueColl: this.dueColl, clock, log, owners: opts.owners, attemptMs: opts.attemptMs ?? 0 },
+          isWaiting: (id) => this.waiting.has(id),
+          wait: (id, at, dest) => {
+            this.waiting.set(id, at)
+            this.dests.set(id, dest)
+          },
+          closed: () => this.closed,
+        })
+      : null
   }
 
   async start(): Promise<void> {
@@ -222,67 +231,15 @@ export class DeliveryQueue {
    */
   adopt(): Promise<number> {
     if (!this.me || this.closed) return Promise.resolve(0)
-    this.adopting ??= this.adoptNow().finally(() => {
-      this.adopting = null
-    })
+    this.adopting ??= this.adopter!.look()
+      .then((n) => {
+        if (n) this.kick()
+        return n
+      })
+      .finally(() => {
+        this.adopting = null
+      })
     return this.adopting
-  }
-
-  private async adoptNow(): Promise<number> {
-    const ends = new Map<string, number | null>()
-    const endOf = async (owner: string): Promise<number | null> => {
-      if (!ends.has(owner)) ends.set(owner, await this.opts.owners!.leaseEnd(owner))
-      return ends.get(owner)!
-    }
-    const live = async (owner: string | undefined): Promise<boolean> => !!owner && ((await endOf(owner)) ?? 0) > this.clock.now()
-    const seen = new Map<string, string>()
-    const unknown: string[] = []
-    for await (const id of this.dueColl.keys()) {
-      if (this.waiting.has(id)) continue
-      const owner = this.others.get(id)
-      if (owner && (await live(owner))) seen.set(id, owner)
-      else unknown.push(id)
-    }
-    let adopted = 0
-    for (let i = 0; i < unknown.length && !this.closed; i += 100) {
-      const ids = unknown.slice(i, i + 100)
-      for (const [j, d] of (await this.coll.getMany(ids)).entries()) {
-        if (!d || this.closed) continue
-        if (d.owner === this.me) {
-          this.waiting.set(ids[j]!, d.nextAt ?? 0) // written just now, its accept() to follow
-          this.dests.set(ids[j]!, destinationOf(d.channel))
-        } else if (d.owner && (await live(d.owner))) seen.set(ids[j]!, d.owner)
-        else if (await this.adoptOne(ids[j]!)) adopted++
-      }
-    }
-    this.others = seen
-    if (adopted) this.kick()
-    return adopted
-  }
-
-  /** Take one delivery under its lock if its owner is still gone; whether this replica took it. */
-  private async adoptOne(id: string): Promise<boolean> {
-    const { result, written } = await this.store.transact(lockOf(id), async () => {
-      const d = await this.coll.get(id)
-      if (!d || (d.status !== 'pending' && d.status !== 'retrying') || d.owner === this.me) return { ops: [], result: null }
-      const end = d.owner ? await this.opts.owners!.leaseEnd(d.owner) : null
-      const now = this.clock.now()
-      if (end !== null && end > now) return { ops: [], result: null }
-      // A lease that expired rather than was released: its holder may only be stalled, mid-attempt. Let that attempt end first.
-      const notBefore = end === null ? 0 : now + (this.opts.attemptMs ?? 0) + FENCE_MARGIN_MS
-      const next: Delivery = { ...d, owner: this.me! }
-      return {
-        ops: [{ type: 'put' as const, coll: this.coll as Collection<unknown>, key: id, value: next }],
-        result: { from: d.owner ?? null, at: Math.max(d.nextAt ?? 0, notBefore), dest: destinationOf(d.channel) },
-      }
-    })
-    if (!result) return false
-    const w = await written
-    if (!w.ok) throw w.error
-    this.waiting.set(id, result.at)
-    this.dests.set(id, result.dest)
-    this.log.info({ deliveryId: id, from: result.from }, 'adopted a delivery of a stopped replica')
-    return true
   }
 
   /** One attempt; `slot.dest`: the destination slot it holds (null: none yet, claimed here once the delivery is read). */
@@ -469,9 +426,6 @@ export class DeliveryQueue {
     if (this.me) await Promise.allSettled([...this.running, this.adopting])
   }
 }
-
-/** The database lock of one delivery (adoption, an attempt's result, a manual retry). */
-const lockOf = (id: string): string => `notifyDelivery\u0000${id}`
 
 /** Failures counted for the schedule: those since the last manual retry (a retried delivery gets the whole schedule again). */
 function failuresSinceRetry(d: Delivery, failures: number): number {
