@@ -4,6 +4,7 @@ import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
 import { randomBase62 } from '../util/random.js'
 import type { Fired } from './fire.js'
+import { type UrlSeal, unsealed } from './sealed-urls.js'
 import { MAX_ALERTS_PER_AGENT, MAX_WEBHOOK_ENDPOINTS, type Alert, type AlertInput, type SpecEvent, type WebhookEndpoint } from './model.js'
 
 /** What was deleted: one alert, every alert of a deleted agent, or an account endpoint. */
@@ -32,6 +33,7 @@ export class AlertBook {
     private readonly registry: Registry,
     private readonly clock: Clock,
     onAgentGone: (agentId: string) => BatchOp[] | Promise<BatchOp[]>,
+    private readonly seal: UrlSeal,
   ) {
     this.alertsColl = store.collection('alerts')
     this.endpointsColl = store.collection('webhookEndpoints')
@@ -76,13 +78,44 @@ export class AlertBook {
       const before = this.changes
       const alerts = new Map<string, Alert>()
       const endpoints = new Map<string, WebhookEndpoint>()
-      for await (const [id, a] of this.alertsColl.entries()) alerts.set(id, a)
-      for await (const [id, w] of this.endpointsColl.entries()) endpoints.set(id, w)
+      for await (const [id, a] of this.alertsColl.entries()) alerts.set(id, { ...a, notify: this.seal.open(a.notify) })
+      for await (const [id, w] of this.endpointsColl.entries()) endpoints.set(id, this.seal.openEndpoint(w))
       if (before !== this.changes && tries < 2) continue
       this.alerts = alerts
       this.endpoints = endpoints
       return
     }
+  }
+
+  private stored(a: Alert): Alert {
+    return { ...a, notify: this.seal.seal(a.notify) }
+  }
+
+  /**
+   * Seal the URLs of alerts and endpoints stored before URLs were sealed (sealed-urls.ts); the
+   * number sealed. Each row is rewritten only if it is still as it was read (under a lock of its
+   * own, against another replica's start doing the same).
+   */
+  async sealLegacy(): Promise<number> {
+    const alerts: [string, Alert][] = []
+    const endpoints: [string, WebhookEndpoint][] = []
+    for await (const [id, a] of this.alertsColl.entries()) if (unsealed(a.notify)) alerts.push([id, a])
+    for await (const [id, w] of this.endpointsColl.entries()) if (unsealed(w)) endpoints.push([id, w])
+    let n = 0
+    for (const [id, a] of alerts) n += await this.rewrite(this.alertsColl, id, a, this.stored(a))
+    for (const [id, w] of endpoints) n += await this.rewrite(this.endpointsColl, id, w, this.seal.sealEndpoint(w))
+    return n
+  }
+
+  private async rewrite<T>(coll: Collection<T>, id: string, was: T, next: T): Promise<number> {
+    const { result, written } = await this.store.transact(`notify\u0000seal\u0000${id}`, async () => {
+      const now = await coll.get(id)
+      if (JSON.stringify(now) !== JSON.stringify(was)) return { ops: [], result: 0 }
+      return { ops: [{ type: 'put' as const, coll: coll as Collection<unknown>, key: id, value: next }], result: 1 }
+    })
+    const w = await written
+    if (!w.ok) throw w.error
+    return result
   }
 
   /** Replicas: reload every `ms` until `stopRefreshing`. */
@@ -121,7 +154,7 @@ export class AlertBook {
     return this.registry.withAgent(input.agentId, async () => {
       if (this.ofAgent(input.agentId).length >= MAX_ALERTS_PER_AGENT) throw new PaygateError('conflict', `an agent has at most ${MAX_ALERTS_PER_AGENT} alerts`)
       const alert: Alert = { alertId: `al_${randomBase62(16)}`, ...input, createdAt: new Date(this.clock.now()).toISOString() }
-      await this.alertsColl.put(alert.alertId, alert)
+      await this.alertsColl.put(alert.alertId, this.stored(alert))
       this.alerts.set(alert.alertId, alert)
       this.changes++
       return alert
@@ -134,7 +167,7 @@ export class AlertBook {
     return this.registry.withAgent(prev.agentId, async () => {
       const next: Alert = { alertId, ...input, agentId: prev.agentId, createdAt: prev.createdAt }
       await this.store.batch([
-        { type: 'put', coll: this.alertsColl as Collection<unknown>, key: alertId, value: next },
+        { type: 'put', coll: this.alertsColl as Collection<unknown>, key: alertId, value: this.stored(next) },
         { type: 'del', coll: this.firedColl as Collection<unknown>, key: alertId },
       ])
       this.alerts.set(alertId, next)
@@ -167,7 +200,7 @@ export class AlertBook {
   async addEndpoint(url: string, events: SpecEvent[]): Promise<WebhookEndpoint> {
     if (this.endpoints.size >= MAX_WEBHOOK_ENDPOINTS) throw new PaygateError('conflict', `the account has at most ${MAX_WEBHOOK_ENDPOINTS} webhook endpoints`)
     const w: WebhookEndpoint = { webhookId: `wh_${randomBase62(16)}`, url, events, createdAt: new Date(this.clock.now()).toISOString() }
-    await this.endpointsColl.put(w.webhookId, w)
+    await this.endpointsColl.put(w.webhookId, this.seal.sealEndpoint(w))
     this.endpoints.set(w.webhookId, w)
     this.changes++
     return w

@@ -13,6 +13,7 @@ import { builtInKey } from './fire.js'
 import type { Delivery } from './model.js'
 import { Notifier } from './notifier.js'
 import { DeliveryQueue, type ReplicaLeases, type Sender } from './queue.js'
+import { UrlSeal } from './sealed-urls.js'
 import { WebhookSecret } from './secret.js'
 import { MinuteSpend, type SpendWindow } from './spend.js'
 
@@ -57,10 +58,10 @@ export interface Notifications {
 }
 
 /** How one delivery is attempted, by channel. */
-function sender(d: NotifyDeps, secret: WebhookSecret): Sender {
+function sender(d: NotifyDeps, secret: WebhookSecret, seal: UrlSeal): Sender {
   const { egress, settings } = d
   return async (x: Delivery) => {
-    const c = x.channel
+    const c = seal.open(x.channel)
     if (c.type === 'email') {
       if (!settings.smtp) return { status: null, error: 'SMTP is not configured (smtp.url, smtp.from)' }
       return sendEmail(egress, settings.smtp, c.address, JSON.parse(x.body) as Record<string, unknown>, x.id, settings.timeoutMs)
@@ -73,9 +74,16 @@ function sender(d: NotifyDeps, secret: WebhookSecret): Sender {
 export function buildNotifications(d: NotifyDeps): Notifications {
   const { store } = d
   const spend = new MinuteSpend(store)
-  const book = new AlertBook(d.store, d.registry, d.clock, async (agentId) => [...(await spend.forgetAll(agentId)), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }])
+  const seal = new UrlSeal(d.keystore)
+  const book = new AlertBook(
+    d.store,
+    d.registry,
+    d.clock,
+    async (agentId) => [...(await spend.forgetAll(agentId)), { type: 'del', coll: store.collection('alertFired'), key: builtInKey(agentId) }],
+    seal,
+  )
   const secret = new WebhookSecret(d.store, d.keystore)
-  const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret), {
+  const queue = new DeliveryQueue(d.store, d.clock, d.log, sender(d, secret, seal), {
     ...{ concurrency: d.settings.concurrency, retentionMs: d.settings.retentionDays * 86_400_000, attemptMs: d.settings.timeoutMs },
     ...(d.owners ? { owners: d.owners } : {}),
     cancelled: async (x) => (x.alertId && !(await book.hasAlert(x.alertId)) ? 'alert_deleted' : x.webhookId && !(await book.hasEndpoint(x.webhookId)) ? 'webhook_deleted' : null),
@@ -89,7 +97,7 @@ export function buildNotifications(d: NotifyDeps): Notifications {
       .catch((e: unknown) => d.log.warn({ err: e, ...gone }, 'dropping the deliveries of a deleted alert or endpoint failed'))
   })
   let spendSweep: NodeJS.Timeout | null = null
-  const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute })
+  const notifier = new Notifier(d.store, book, d.policies, spend, d.spendWindow ?? spend, queue, d.clock, d.log, { endpointPerMinute: d.settings.endpointPerMinute, seal })
   return {
     book,
     secret,
@@ -99,6 +107,8 @@ export function buildNotifications(d: NotifyDeps): Notifications {
     agentExists: async (agentId) => (await d.registry.getAgent(agentId)) !== undefined,
     queueDepth: () => queue.depth(),
     async start() {
+      const sealed = await book.sealLegacy()
+      if (sealed) d.log.info({ sealed }, 'notification URLs stored in the clear by an earlier version are now encrypted')
       await Promise.all([book.load(), spend.load()])
       // Replicas: alerts and endpoints changed through another replica are seen within 2 s.
       if (store.backend === 'postgres') {

@@ -15,7 +15,11 @@ export type EventName = SpecEvent | 'alert.test'
 export const MAX_ALERTS_PER_AGENT = 20
 export const MAX_WEBHOOK_ENDPOINTS = 10
 
-export type Channel = { type: 'webhook'; url: string } | { type: 'email'; address: string } | { type: 'slack'; url: string }
+/**
+ * Where an alert's messages go. `sealed`: the stored form of a webhook or Slack channel, where
+ * `url` is masked and `sealed` holds the whole URL encrypted (sealed-urls.ts); absent in memory.
+ */
+export type Channel = { type: 'webhook'; url: string; sealed?: string } | { type: 'email'; address: string } | { type: 'slack'; url: string; sealed?: string }
 
 export interface Alert {
   alertId: string
@@ -35,6 +39,8 @@ export interface WebhookEndpoint {
   url: string
   events: SpecEvent[]
   createdAt: string
+  /** Stored form: the whole URL encrypted, `url` masked (sealed-urls.ts); absent in memory. */
+  sealed?: string
 }
 
 /**

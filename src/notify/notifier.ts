@@ -11,6 +11,7 @@ import { slackMessage } from './channels/slack.js'
 import { builtInKey, capKey, fire, inert, testPayload, windowsOf, type Fired, type Message } from './fire.js'
 import type { Alert, Delivery, EventEntry, SpecEvent } from './model.js'
 import { type DeliveryQueue, newDeliveryId } from './queue.js'
+import type { UrlSeal } from './sealed-urls.js'
 import type { MinuteAsOf, MinuteSpend, SpendWindow } from './spend.js'
 
 /** An event entry not found this long after its record hook ran belongs to a write that failed: forgotten. */
@@ -27,6 +28,8 @@ const asOfEntry = (a: MinuteAsOf): { writer: string; units: string } => ({ write
 export interface NotifierOptions {
   /** Deliveries per account webhook endpoint per minute (a storm of refusals must not become a storm of webhooks). */
   endpointPerMinute: number
+  /** Deliveries store their URL encrypted (sealed-urls.ts). */
+  seal: UrlSeal
 }
 
 /**
@@ -315,7 +318,7 @@ export class Notifier {
       agentId: String(m.payload.agentId),
       alertId: m.alertId,
       webhookId: m.webhookId,
-      channel: m.channel,
+      channel: this.opts.seal.seal(m.channel),
       body,
       status: 'pending',
       attempts: [],
