@@ -53,8 +53,10 @@ export class X402Adapter implements ProtocolAdapter {
     if (!detection.recognized) return { present: false }
     const offer = choose(detection.offers, chain, req.url)
     if (!offer) {
-      const why = detection.offers.length === 0 ? `no readable x402 offer (${detection.problems.map((p) => p.message).join('; ')})` : 'no x402 offer on this chain and token for this origin'
-      return { present: true, plan: null, why, malformed: false }
+      // Not one entry reads as an x402 offer: the body claims x402 but matches none of its
+      // schemas, which the spec answers with payment_protocol_error (as a malformed mpp/1.0 body).
+      if (detection.offers.length === 0) return { present: true, plan: null, why: `no readable x402 offer (${detection.problems.map((p) => p.message).join('; ')})`, malformed: true }
+      return { present: true, plan: null, why: 'no x402 offer on this chain and token for this origin', malformed: false }
     }
     const chainKey = `${chain.chainId}\u0000${chain.networkName}\u0000${chain.token}\u0000${chain.tokenDomain.name}\u0000${chain.tokenDomain.version}`
     let known = this.plans.get(offer)
