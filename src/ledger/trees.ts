@@ -100,9 +100,13 @@ export async function treeView(transactions: Transactions, rec: TxRecord): Promi
   return { agents, body: { root: render(top), totalCost: usdc(total), txCount: count, ...(truncated ? { truncated: true } : {}) } }
 }
 
-/** A node by ledger hash or transaction id, or 404. */
+/**
+ * A node by ledger hash or transaction id, or 404: a rejected, failed or still pending payment
+ * moved no money and has no ledger hash, so it is in no tree (else a chain with `root: null`).
+ */
 export async function nodeOf(transactions: Transactions, idOrHash: string): Promise<TxRecord> {
   const r = await transactions.find(idOrHash)
   if (!r) throw new PaygateError('not_found', `transaction ${idOrHash} does not exist`)
+  if (!isNode(r)) throw new PaygateError('not_found', `transaction ${idOrHash} is ${r.status}: it moved no money and is in no cost tree`)
   return r
 }

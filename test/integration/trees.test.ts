@@ -81,6 +81,16 @@ t.test('an agent key reads a tree only if its agent is in it; unknown nodes are 
   t.equal((await gw.api('GET', `/v1/transactions/0x${'0'.repeat(64)}/tree`)).status, 404)
 })
 
+t.test('a rejected payment is no node: its chain and tree are 404, not a root of null', async (t) => {
+  const listed = await gw.api('GET', '/v1/transactions?agentId=orch&status=rejected')
+  const id = listed.body.transactions[0]?.id as string
+  t.ok(id, listed.text)
+  for (const what of ['chain', 'tree']) {
+    const r = await gw.api('GET', `/v1/transactions/${id}/${what}`)
+    t.same([r.status, r.body.error], [404, 'not_found'], `${what}: ${r.text}`)
+  }
+})
+
 t.test('a store whose records predate the parent index gets it built at start', async (t) => {
   const meta = gw.gw.store.collection('meta')
   const byParent = gw.gw.store.collection('txByParent')
