@@ -1,4 +1,4 @@
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { MinuteSpend } from '../../src/notify/spend.js'
 import { Store } from '../../src/store/index.js'
 import { testDir, testStore } from '../helpers/gateway.js'
@@ -7,13 +7,19 @@ import { testDir, testStore } from '../helpers/gateway.js'
  * spend_rate's minute buckets with two replicas on one PostgreSQL database: each writes its own
  * buckets, so payments in one minute through both are all counted, by either.
  */
-t.test("two replicas' payments in the same minutes are summed by either", async (t) => {
+/** Two replicas' stores on one database, each with its own buckets. */
+async function twoReplicas(t: Test) {
   const { store: sa, url } = await testStore(t, undefined, 'postgres')
   const sb = await Store.open(testDir(t), { postgresUrl: url! })
   t.teardown(() => sb.close())
   const a = new MinuteSpend(sa)
   const b = new MinuteSpend(sb)
   await Promise.all([a.load(), b.load()])
+  return { sa, sb, a, b, url: url! }
+}
+
+t.test("two replicas' payments in the same minutes are summed by either", async (t) => {
+  const { sa, sb, a, b, url } = await twoReplicas(t)
   const t0 = Date.parse('2026-03-01T10:00:00Z')
   await sa.batch(a.add('x', t0 + 5_000, 10n))
   await sb.batch(b.add('x', t0 + 6_000, 20n))
@@ -44,12 +50,7 @@ t.test("two replicas' payments in the same minutes are summed by either", async 
 })
 
 t.test("asOf with replicas: only the recording writer's bucket of the payment's minute is taken as it stood", async (t) => {
-  const { store: sa, url } = await testStore(t, undefined, 'postgres')
-  const sb = await Store.open(testDir(t), { postgresUrl: url! })
-  t.teardown(() => sb.close())
-  const a = new MinuteSpend(sa)
-  const b = new MinuteSpend(sb)
-  await Promise.all([a.load(), b.load()])
+  const { sa, sb, a, b } = await twoReplicas(t)
   const t0 = Date.parse('2026-03-01T10:00:00Z')
   await sa.batch(a.add('x', t0 + 5_000, 10n))
   const asOf = a.asOf('x', t0 + 5_000)
