@@ -231,7 +231,8 @@ export class PaymentEngine {
     // One negotiation per agent and service: concurrent first calls, and concurrent calls
     // whose session was refused, wait here and then ride on the session the first one bought.
     return this.locks.run(`negotiation\u0000${agentId}\u0000${new URL(req.url).origin}`, async () => {
-      const bought = await this.d.mpp.session(agentId, req.url)
+      // As in `started`: a blocked or not-allowed domain rides no session (payPlan then rejects it).
+      const bought = domainPermitted(policy, domainOf(req.url)) ? await this.d.mpp.session(agentId, req.url) : null
       if (bought) {
         const res = await this.sendOrUnreachable(req, { [SESSION_HEADER]: bought.token })
         if (!sessionRefused(res.status)) return this.sessionCall(agentId, req.url, res)
