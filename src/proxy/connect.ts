@@ -10,6 +10,8 @@ import { firstChunk } from './streams.js'
 import { hostMatches, splitAuthority, tunnelTo } from './tunnel.js'
 
 const ESTABLISHED = 'HTTP/1.1 200 Connection Established\r\n\r\n'
+/** What intercepted TLS negotiates, in the server's order of preference. */
+const ALPN = ['http/1.1', 'http/1.0']
 
 /**
  * A CONNECT: the agent is identified, the target asked of the egress guard, then the tunnel
@@ -94,7 +96,8 @@ function intercept(ctx: ProxyContext, socket: Socket, first: Buffer, tunnel: Tun
   // TLSSocket hands what the socket holds to the TLS engine, then reads the native handle:
   // no JS stream in between (a Duplex here cost ~15% of intercepted keep-alive throughput).
   socket.unshift(first)
-  const tls = new TLSSocket(socket, { isServer: true, secureContext, SNICallback: ctx.d.ca.sniCallback, ALPNProtocols: ['http/1.1'] })
+  // http/1.0 too: a client offering only it (curl --http1.0) is otherwise refused the handshake.
+  const tls = new TLSSocket(socket, { isServer: true, secureContext, SNICallback: ctx.d.ca.sniCallback, ALPNProtocols: ALPN })
   tls.on('error', () => tls.destroy())
   ctx.startFast(tls, tunnel)
 }
