@@ -224,6 +224,12 @@ function egressGuard({ config, opts, log }: Ctx, chain: Chain): EgressGuard {
   const egress = new EgressGuard({ allow: config.egress.allow, deny: config.egress.deny, log, ...(opts.resolver ? { resolver: opts.resolver } : {}) })
   const chainPort = localChainPort(chain, chain.embedded ? chain.info.rpcUrl : config.chain.rpcUrl!)
   if (chainPort !== null) egress.protect(chainPort)
+  if (chain.embedded) {
+    // anvil's own HTTP JSON-RPC (a random loopback port) has the same dev methods as the chain's port.
+    const anvil = chain.anvilPorts()
+    if (anvil.length) egress.protect(...anvil)
+    else log.warn("could not read the embedded chain's anvil port from /proc: agents are not kept from it; deny loopback with egress.deny")
+  }
   egress.protect(config.api.port, config.proxy.port)
   return egress
 }

@@ -12,6 +12,7 @@ import { shownUrl } from '../util/redact.js'
 import { FastSigner } from '../crypto/secp256k1.js'
 import type { Keystore } from '../wallet/keystore.js'
 import { bytecodes, paygateUsdcAbi, paymentLedgerAbi } from './contracts/abis.js'
+import { listeningPorts } from './devnet/anvil.js'
 import type { Devnet, SendResult } from './devnet/index.js'
 import { startDevnetThread } from './devnet/thread.js'
 import { portTaken } from '../util/ports.js'
@@ -216,6 +217,11 @@ export class Chain {
 
   async balanceOf(address: Address): Promise<bigint> {
     return this.publicClient.readContract({ address: this.info.token, abi: paygateUsdcAbi, functionName: 'balanceOf', args: [address] }).catch(unanswered)
+  }
+
+  /** Embedded chain: the ports anvil itself listens on (its HTTP JSON-RPC, which Paygate does not use); else none. */
+  anvilPorts(): number[] {
+    return this.devnet ? listeningPorts(this.devnet.childPid) : []
   }
 
   /** Dev faucet (embedded chain only): mint USDC base units and set the native gas balance. */

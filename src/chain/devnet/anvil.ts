@@ -53,6 +53,46 @@ export function anvilBinary(explicit?: string): string {
   return bin
 }
 
+/**
+ * The TCP ports process `pid` listens on (Linux /proc). anvil serves HTTP JSON-RPC on a port of
+ * its own choosing beside the IPC socket Paygate uses (no flag turns it off): that port, with its
+ * dev methods, must be refused to agents like the chain's own (gateway.ts protects both).
+ */
+export function listeningPorts(pid: number): number[] {
+  const inodes = new Set<string>()
+  try {
+    for (const fd of fs.readdirSync(`/proc/${pid}/fd`)) {
+      const m = /^socket:\[(\d+)\]$/.exec(readlinkOrEmpty(`/proc/${pid}/fd/${fd}`))
+      if (m) inodes.add(m[1]!)
+    }
+  } catch {
+    return []
+  }
+  const ports = new Set<number>()
+  for (const table of ['tcp', 'tcp6']) {
+    let text: string
+    try {
+      text = fs.readFileSync(`/proc/${pid}/net/${table}`, 'utf8')
+    } catch {
+      continue
+    }
+    // sl local_address rem_address st ... inode: st 0A is LISTEN; the port is local_address's hex after ':'.
+    for (const line of text.split('\n').slice(1)) {
+      const f = line.trim().split(/\s+/)
+      if (f[3] === '0A' && f[9] !== undefined && inodes.has(f[9])) ports.add(Number.parseInt(f[1]!.split(':')[1]!, 16))
+    }
+  }
+  return [...ports]
+}
+
+function readlinkOrEmpty(p: string): string {
+  try {
+    return fs.readlinkSync(p)
+  } catch {
+    return ''
+  }
+}
+
 /** anvil's command line: it never mines by itself (the miner does), and starts from `loadState` if given. */
 // --transaction-block-keeper: anvil forgets the txs and receipts of older blocks (the receipt
 // archive keeps them), so its memory, state dumps and restarts stay the same size as history grows.
