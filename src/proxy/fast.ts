@@ -124,6 +124,8 @@ export class FastConn {
       return
     }
     this.headStarted = 0
+    // A whole oversized head can arrive in one read: Node's parser refuses it (431), as it would in pieces.
+    if (end > MAX_HEAD) return this.leave(buf)
     const head = parseRequestHead(buf, end)
     if (!head) return this.leave(buf)
     const route = this.host.route(head, this)
