@@ -3,9 +3,7 @@
  * payment, and viem's generic encoder (hex strings, per-parameter objects) cost more
  * than the signature. Same bytes as viem's `encodeFunctionData` (test/unit/ledger-tx.test.ts).
  */
-import { decodeFunctionData, type Hex } from 'viem'
 import { keccak256Bytes } from '../crypto/keccak.js'
-import { eip1559Items } from './eip1559.js'
 import { paymentLedgerAbi } from './contracts/abis.js'
 import type { LedgerEntry } from './ledger-tx.js'
 import { MAX_UINT256 } from '../util/money.js'
@@ -61,16 +59,4 @@ export function encodeRecordCall(e: LedgerEntry): Buffer {
     tail += 32 + padded(b.length)
   }
   return out
-}
-
-/**
- * The entry a stored ledger transaction (signed or unsigned, `raw`) records: to record it again
- * under another nonce (Outbox.replace). Off the paid path, so viem's decoder is used.
- */
-export function entryOfLedgerTx(raw: Hex): LedgerEntry {
-  const data = eip1559Items(Buffer.from(raw.slice(2), 'hex'))[7]!
-  const { functionName, args } = decodeFunctionData({ abi: paymentLedgerAbi, data: `0x${Buffer.from(data).toString('hex')}` })
-  if (functionName !== 'record') throw new RangeError(`not a ledger record: ${functionName}`)
-  const [id, parentTxHash, agentId, amount, protocol, origin, pathHash, depth] = args as readonly [Hex, Hex, string, bigint, string, string, Hex, number]
-  return { id, parentTxHash, agentId, amount, protocol, origin, pathHash, depth }
 }

@@ -3,7 +3,7 @@ import { keccak256 } from '../crypto/keccak.js'
 import type { Chain } from './chain.js'
 import { Lru } from '../util/lru.js'
 import type { Logger } from '../log/index.js'
-import { entryOfLedgerTx } from './ledger-call.js'
+import { entryOfLedgerTx } from './ledger-decode.js'
 import { LedgerSignThread } from './ledger-sign-thread.js'
 import { LedgerSigner, type LedgerSignContext, type LedgerTx } from './ledger-signer.js'
 
