@@ -30,7 +30,11 @@ export interface DeliverDeps {
   bodyTimeoutMs: number
 }
 
-const lostAnswer = (): UpstreamResponse => ({ status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from('{"error":"upstream_answer_lost"}')]) })
+/** The answer of a payment the chain shows settled whose paid answer never came (`cause`: what became of it). */
+const lostAnswer = (cause: string): UpstreamResponse => {
+  const detail = `the payment settled, but the target's paid answer was lost (${cause}); it is recorded as paid: do not pay again`
+  return { status: 502, headers: { 'content-type': 'application/json' }, body: Readable.from([Buffer.from(JSON.stringify({ error: 'upstream_answer_lost', detail }))]) }
+}
 const expiryMs = (a: StoredAuthorization): number => (isEip3009(a) ? Number(a.validBefore) * 1000 : a.expiresAt)
 
 /** Whether the chain shows the authorization used: null when it cannot say, or there is no chain to ask. */
@@ -99,7 +103,7 @@ async function deliverSigned(d: DeliverDeps, req: PayRequest, plan: Plan, signed
     if (sent.kind === 'served') return served(d, rec, plan, sent.response, entry)
     // Refused, 5xx or no answer: the chain says whether the money moved.
     used = onChain ? await usedOnChain(d, auth) : null
-    if (used === true) return d.recorder.paid(rec, sent.response ?? lostAnswer(), plan, entry)
+    if (used === true) return d.recorder.paid(rec, sent.response ?? lostAnswer(sent.error), plan, entry)
     last = { response: null, error: sent.error }
     if (sent.kind === 'refused' && sent.code) code = sent.code
     if (sent.response) {
@@ -112,7 +116,7 @@ async function deliverSigned(d: DeliverDeps, req: PayRequest, plan: Plan, signed
   // Not paid as far as we know; the authorization left Paygate all the same.
   if (onChain) used = await usedOnChain(d, auth)
   const end = unservedEnd({ used, expired: expiryMs(auth) <= d.clock.now() })
-  if (end === 'paid') return d.recorder.paid(rec, last.response ?? lostAnswer(), plan, entry)
+  if (end === 'paid') return d.recorder.paid(rec, last.response ?? lostAnswer(last.error), plan, entry)
   const upstreamStatus = last.response ? { upstreamStatus: last.response.status } : {}
   await d.recorder.finish(rec, { status: end === 'held' ? 'unknown' : 'failed', error: last.error, ...upstreamStatus }, end === 'held' ? 'keep' : 'release')
   d.events.emit('payment.failed', { agentId: rec.agentId, timestamp: new Date().toISOString(), transactionId: rec.id, error: last.error, endpoint: rec.endpoint })

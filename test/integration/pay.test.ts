@@ -207,6 +207,16 @@ t.test('a settle that times out once: the same authorization, one settlement', a
   t.match(r.body.txHash, /^0x/)
 })
 
+t.test('a merchant that settles, then drops the connection: recorded as paid, and the lost answer says so', async (t) => {
+  const { m } = await merchant('simple', { faults: { failSettleOnce: true } })
+  const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid` } })
+  t.equal(r.status, 200, r.text)
+  t.equal(m.stats.settlements, 1, 'one settlement')
+  t.match(r.body.txHash, /^0x/, 'recorded as paid')
+  t.equal(r.body.status, 502)
+  t.match(r.body.data, { error: 'upstream_answer_lost', detail: /payment settled.*do not pay again/ }, 'the answer says the money moved and what to do')
+})
+
 t.test('a merchant that takes payment then answers 500: recorded, not paid again', async (t) => {
   const { m } = await merchant('v2', { faults: { error500AfterPayment: true } })
   const r = await gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid` } })
