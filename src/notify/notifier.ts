@@ -147,12 +147,13 @@ export class Notifier {
         ops.push(...this.spend.add(r.agentId, at, BigInt(r.amount)))
         // Most payments can fire nothing (no alerts, under the budget's warning): no entry to write and expand.
         const used = usage ? usedToday(usage, at) : null
-        if (known !== undefined && inert({ kind: 'paid', usedToday: used, dailyBudget: known === null ? null : BigInt(known) }, this.book.ofAgent(r.agentId), [])) return ops
+        const alerts = this.book.ofAgent(r.agentId)
+        if (known !== undefined && inert({ kind: 'paid', usedToday: used, dailyBudget: known === null ? null : BigInt(known) }, alerts, [])) return ops
         entry = {
           ...{ id: this.newId(this.clock.now()), kind: 'paid' as const, agentId: r.agentId, at, txId: r.id, amount: r.amount },
           ...{ usedToday: used !== null ? used.toString() : r.amount, periodStart: usage?.periodStart ?? null },
           ...(budget !== undefined ? { dailyBudget: budget } : {}),
-          ...(this.book.ofAgent(r.agentId).some((a) => a.type === 'spend_rate') ? { minuteAsOf: asOfEntry(this.spend.asOf(r.agentId, at)) } : {}),
+          ...(alerts.some((a) => a.type === 'spend_rate') ? { minuteAsOf: asOfEntry(this.spend.asOf(r.agentId, at)) } : {}),
         }
       } else return []
       ops.push({ type: 'put', coll: this.events as Collection<unknown>, key: entry.id, value: entry })
