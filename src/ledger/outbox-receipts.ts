@@ -24,6 +24,10 @@ export async function minedInOrder(
   let fromBlock = new Map<string, LedgerReceipt>()
   let lastBlock = -1
   let dense = false
+  // False once a block's receipts came back without a record known to be in it: the node no
+  // longer keeps that block's receipts (a backlog confirmed after a restart), and asking for
+  // the next blocks' would cost a call a record for nothing.
+  let blocksKept = true
   for (const e of unconfirmed) {
     const h = e.hash.toLowerCase()
     let r = fromBlock.get(h)
@@ -36,7 +40,10 @@ export async function minedInOrder(
     if (!r) {
       const one = await writer.receipt(e.hash)
       if (!one) return { confirmed, left: true }
-      if (one.blockNumber === lastBlock) fromBlock = (await writer.blockReceipts(one.blockNumber)) ?? fromBlock
+      if (blocksKept && one.blockNumber === lastBlock) {
+        fromBlock = (await writer.blockReceipts(one.blockNumber)) ?? fromBlock
+        blocksKept = fromBlock.has(h)
+      }
       lastBlock = one.blockNumber
       r = one
     }

@@ -76,9 +76,12 @@ export class FakeWriter {
     this.receiptCalls++
     return this.byHash.get(hash) ?? null
   }
+  /** The oldest block whose receipts the node still gives whole (as anvil forgets old blocks: older ones come back empty). */
+  keepsBlocksFrom = 0
   async blockReceipts(n: number): Promise<Map<string, LedgerReceipt> | null> {
     if (!this.blockReceiptsSupported) return null
     this.blockCalls++
+    if (n < this.keepsBlocksFrom) return new Map()
     return new Map([...this.byHash].filter(([, r]) => r.blockNumber === n))
   }
 }

@@ -97,6 +97,20 @@ t.test('a node without eth_getBlockReceipts: one receipt per record, same outcom
   t.equal(writer.receiptCalls, 9)
 })
 
+t.test("a backlog in blocks the node no longer keeps whole: one receipt per record, the block's receipts asked once", async (t) => {
+  // 4 records a block from block 20; the node gives whole blocks from 23 on only (a restart
+  // confirming what was mined long before)
+  const writer = new FakeWriter((n) => 20 + Math.floor(n / 4))
+  writer.keepsBlocksFrom = 23
+  const got = await run(t, writer, 12)
+  t.same(
+    got.map((r) => [r.ledger?.status, r.ledger?.blockNumber]),
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11].map((i) => ['confirmed', 20 + Math.floor(i / 4)]),
+  )
+  t.equal(writer.receiptCalls, 12)
+  t.equal(writer.blockCalls, 1, 'an empty answer for a block known to hold a record stops the block reads')
+})
+
 t.test('a pass sends every waiting record in one call, in nonce order; what the node refused is sent again', async (t) => {
   const writer = new FakeWriter(() => 3)
   const o = await open(t, writer)
