@@ -84,3 +84,35 @@ t.test('receipts are gathered before they are written; every one is answered mea
   archive.close()
   t.match(reader.find(hashOf(i)), { transactionHash: hashOf(i) }, 'close writes what was gathered')
 })
+
+t.test("a scan keeps its bucket's newest chunk: lookups near the end read the file once; a write to the bucket drops it", async (t) => {
+  const dir = testDir(t)
+  const writer = new ReceiptArchive(dir, 8)
+  for (let i = 0; i < 400; i += 8) writer.add(Array.from({ length: 8 }, (_, k) => receipt(i + k)))
+  writer.close()
+  const archive = new ReceiptArchive(dir, 8)
+  t.teardown(() => archive.close())
+  // a restart's backlog: the newest receipts, asked one by one (about 400 bytes each: the last 100 fit one chunk)
+  let wrong = 0
+  for (let i = 300; i < 400; i++) if ((archive.find(hashOf(i)) as { logs: { i: number }[] } | null)?.logs[0]?.i !== i) wrong++
+  t.equal(wrong, 0, 'each found, with its own receipt')
+  t.equal(archive.fileReads, 1, 'one read of the bucket for all of them')
+  t.match(archive.find(hashOf(0)), { transactionHash: hashOf(0) }, 'an older one is still found')
+  t.ok(archive.fileReads > 1, 'by reading further back')
+
+  // a receipt for the same hash written again (a block mined again) is the one answered from then on
+  const reads = archive.fileReads
+  t.ok(archive.find(hashOf(399)), 'from the kept chunk')
+  t.equal(archive.fileReads, reads, 'no read')
+  const again = { ...receipt(399), logs: [{ data: '0x', i: -1 }] }
+  archive.add([again])
+  // (then enough others that it leaves the recent receipts in memory)
+  for (let i = 0; i < 4200; i += 8) archive.add(Array.from({ length: 8 }, (_, k) => receipt(i + k, 'cd')))
+  archive.flush()
+  t.match(archive.find(hashOf(399)), { logs: [{ i: -1 }] }, 'the line written last')
+  t.equal(archive.fileReads, reads + 1, 'read from the file: the kept chunk was dropped when the bucket was written')
+  archive.close()
+  const reader = new ReceiptArchive(dir, 8)
+  t.teardown(() => reader.close())
+  t.match(reader.find(hashOf(399)), { logs: [{ i: -1 }] }, 'and from the file after a restart')
+})

@@ -16,6 +16,11 @@ const GATHER = RECENT / 2
 const RECENT_BLOCKS = 64
 /** How much of a bucket one read takes, scanning back from its end. */
 const SCAN_CHUNK = 64 * 1024
+/** How long the newest bytes of the buckets scanned stay in memory after the last scan. */
+const TAIL_KEEP_MS = 10_000
+/** The most of one bucket's newest bytes kept, and of all buckets'. */
+const TAIL_MAX = 4 * SCAN_CHUNK
+const TAILS_MAX = 32 << 20
 
 /**
  * Receipts of every mined tx, on disk, for after anvil forgets them: anvil keeps the txs and
@@ -40,6 +45,18 @@ export class ReceiptArchive {
   /** Lines not yet written, by bucket, and how many. */
   private gathered = new Map<string, string[]>()
   private gatheredCount = 0
+  /**
+   * The newest bytes of each bucket as a scan read them (up to TAIL_MAX), while scans go on.
+   * A restart confirms its backlog (thousands of records mined before the kill) one receipt
+   * at a time, in the order they were mined, each near the end of its bucket: a read or two
+   * per bucket then answers the rest from here, not a read or two each.
+   */
+  private readonly tails = new Map<string, { buf: Buffer; startsFile: boolean }>()
+  private tailsBytes = 0
+  private tailsTimer: NodeJS.Timeout | undefined
+  private lastScanAt = 0
+  /** Reads of the bucket files by lookups (a measure for tests). */
+  fileReads = 0
 
   constructor(
     private readonly dir: string,
@@ -86,6 +103,7 @@ export class ReceiptArchive {
       let fd = this.fds.get(b)
       if (fd === undefined) this.fds.set(b, (fd = this.open(b)))
       fs.writeSync(fd, lines.join(''))
+      this.dropTail(b) // (no longer the bucket's newest bytes: a line written again for a hash must win)
     }
   }
 
@@ -122,7 +140,10 @@ export class ReceiptArchive {
     if (!/^0x[0-9a-f]{64}$/.test(h)) return null
     const recent = this.recentReceipt(h)
     if (recent !== undefined) return recent
-    const line = this.scanBack(h)
+    const bucket = h.slice(2, 4)
+    const needle = Buffer.from(`${h} `)
+    const tail = this.tails.get(bucket)
+    const line = (tail && lineIn(tail.buf, needle, tail.startsFile)) ?? this.scanBack(bucket, needle)
     return line === null ? null : (JSON.parse(line) as unknown)
   }
 
@@ -149,46 +170,92 @@ export class ReceiptArchive {
     return out
   }
 
-  /** The receipt JSON of `h` in its bucket, searched from the end in chunks; null when absent. */
-  private scanBack(h: string): string | null {
+  /** The line of `needle` in `bucket`, searched from the end in chunks; null when absent. */
+  private scanBack(bucket: string, needle: Buffer): string | null {
     let fd: number
     try {
-      fd = fs.openSync(this.file(h.slice(2, 4)), 'r')
+      fd = fs.openSync(this.file(bucket), 'r')
     } catch {
       return null
     }
     try {
-      const needle = Buffer.from(`${h} `)
-      let end = fs.fstatSync(fd).size
+      const size = fs.fstatSync(fd).size
+      let end = size
       // Bytes after the chunk being read, up to the first newline in them (a line cut by the chunk's end).
       let carry = Buffer.alloc(0)
-      while (end > 0) {
+      // The chunks read, newest first, while they fit TAIL_MAX.
+      const read: Buffer[] = []
+      let found: string | null = null
+      while (end > 0 && found === null) {
         const n = Math.min(SCAN_CHUNK, end)
         const chunk = Buffer.alloc(n)
         fs.readSync(fd, chunk, 0, n, end - n)
+        this.fileReads++
         end -= n
+        if ((read.length + 1) * SCAN_CHUNK <= TAIL_MAX) read.push(chunk)
         const buf = carry.length ? Buffer.concat([chunk, carry]) : chunk
-        for (let at = buf.lastIndexOf(needle); at >= 0; at = at > 0 ? buf.lastIndexOf(needle, at - 1) : -1) {
-          // A line's start: the file's first byte, or after a newline (within this buffer).
-          if (at === 0 ? end !== 0 : buf[at - 1] !== 10) continue
-          const stop = buf.indexOf(10, at)
-          if (stop < 0) break // a torn last line
-          return buf.subarray(at + needle.length, stop).toString('utf8')
-        }
+        found = lineIn(buf, needle, end === 0)
         const nl = buf.indexOf(10)
         carry = nl < 0 ? buf : buf.subarray(0, nl + 1)
       }
-      return null
+      const kept = read.length === 1 ? read[0]! : Buffer.concat(read.reverse())
+      this.keepTail(bucket, kept, kept.length === size)
+      return found
     } finally {
       fs.closeSync(fd)
     }
   }
 
+  private dropTail(bucket: string): void {
+    const t = this.tails.get(bucket)
+    if (!t) return
+    this.tails.delete(bucket)
+    this.tailsBytes -= t.buf.length
+  }
+
+  private keepTail(bucket: string, buf: Buffer, startsFile: boolean): void {
+    this.dropTail(bucket)
+    this.tails.set(bucket, { buf, startsFile })
+    this.tailsBytes += buf.length
+    for (const b of this.tails.keys()) {
+      if (this.tailsBytes <= TAILS_MAX) break
+      this.dropTail(b)
+    }
+    this.lastScanAt = Date.now()
+    const drop = (): void => {
+      const left = this.lastScanAt + TAIL_KEEP_MS - Date.now()
+      if (left > 0) this.tailsTimer = setTimeout(drop, left).unref()
+      else {
+        this.tails.clear()
+        this.tailsBytes = 0
+        this.tailsTimer = undefined
+      }
+    }
+    this.tailsTimer ??= setTimeout(drop, TAIL_KEEP_MS).unref()
+  }
+
   close(): void {
+    clearTimeout(this.tailsTimer)
+    this.tails.clear()
+    this.tailsBytes = 0
     this.flush()
     for (const fd of this.fds.values()) fs.closeSync(fd)
     this.fds.clear()
   }
+}
+
+/**
+ * The line that starts with `needle` (`<hash> `) in `buf`, its receipt JSON, searched from the
+ * end; null when absent. A match counts at a line's start only: after a newline, or at the
+ * buffer's first byte when that is the file's. A torn last line (no newline) is skipped.
+ */
+function lineIn(buf: Buffer, needle: Buffer, startsFile: boolean): string | null {
+  for (let at = buf.lastIndexOf(needle); at >= 0; at = at > 0 ? buf.lastIndexOf(needle, at - 1) : -1) {
+    if (at === 0 ? !startsFile : buf[at - 1] !== 10) continue
+    const stop = buf.indexOf(10, at)
+    if (stop >= 0) return buf.subarray(at + needle.length, stop).toString('utf8')
+  }
+  return null
 }
 
 /**
