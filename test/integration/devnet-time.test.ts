@@ -107,3 +107,37 @@ t.test('a next-block timestamp the caller set is not taken by a block for chain 
   const b = (await chain.request({ method: 'eth_getBlockByNumber', params: ['latest', false] })) as { timestamp: Hex }
   t.equal(Number(b.timestamp), at, 'the next block has the timestamp set')
 })
+
+t.test('blocks a caller mined at once (anvil_mine) replay with the timestamps anvil gave each, where it crossed a second too', async (t) => {
+  const { dir, copy } = dirs(t)
+  const chain = await open(dir)
+  const times = async (c: Devnet, from: number, to: number): Promise<number[]> =>
+    Promise.all(
+      Array.from({ length: to - from + 1 }, async (_, i) =>
+        Number(((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(from + i).toString(16)}`, false] })) as { timestamp: Hex }).timestamp),
+      ),
+    )
+  // anvil times each block after the first by the wall clock: started just before a second
+  // ends, the run's blocks straddle it (and a replay, started at another point of a second, would
+  // cross it at another block, or not at all)
+  let crossed = false
+  for (let tries = 0; tries < 5 && !crossed; tries++) {
+    await sleep(1000 - (Date.now() % 1000) + 970)
+    const from = (await blockNumber(chain)) + 1
+    await chain.request({ method: 'anvil_mine', params: ['0x3e8'] }) // 1000 blocks
+    crossed = new Set(await times(chain, from, from + 999)).size > 1
+  }
+  t.ok(crossed, "an anvil_mine's blocks straddled a second")
+  const latest = await blockNumber(chain)
+  const hashes = async (c: Devnet): Promise<string[]> =>
+    Promise.all(Array.from({ length: latest }, async (_, i) => ((await c.request({ method: 'eth_getBlockByNumber', params: [`0x${(i + 1).toString(16)}`, false] })) as { hash: string }).hash))
+  const blocks = await hashes(chain)
+  const ts = await times(chain, 1, latest)
+  mkdirSync(copy, { recursive: true })
+  for (const f of readdirSync(dir)) if (f === 'chain.json' || /^journal-\d+\.ndjson$/.test(f)) copyFileSync(join(dir, f), join(copy, f))
+  await chain.close()
+  const replayed = await open(copy)
+  t.teardown(() => replayed.close())
+  t.same(await times(replayed, 1, latest), ts, 'the same timestamps after a replay')
+  t.same(await hashes(replayed), blocks, 'the same block hashes')
+})

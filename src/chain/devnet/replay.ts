@@ -5,7 +5,7 @@ import { type JournalStart, journalLine, type Tail } from './journal.js'
 import { MINES, SENDS, SET_NEXT_TIME } from './methods.js'
 import type { AnvilNode } from './node.js'
 import { trimSafe } from './trim.js'
-import type { DevnetLog } from './types.js'
+import type { DevnetLog, RpcResponse } from './types.js'
 
 type Entry = { o?: number; pool?: 'reset'; m?: string; p?: unknown[]; ps?: unknown[][]; f?: 1; as?: string }
 
@@ -84,7 +84,9 @@ class Replay {
       return
     }
     // A batch line (one sender's run, see sendRawTransactions) goes back to anvil the way it
-    // came: pipelined, in one write. The rest, one call at a time, in journal order.
+    // came: pipelined, in one write. The rest, one call at a time, in journal order; so do the
+    // blocks of a run of mines (a caller's anvil_mine, see RpcFront.mined): each builds on the one
+    // before, and anvil may run pipelined calls concurrently.
     const m = entry.m!
     if (!trimSafe(m)) node.trimmable = false
     if (SET_NEXT_TIME.test(m)) node.nextBlockTimeSet = true
@@ -92,9 +94,10 @@ class Replay {
     if (entry.as) await node.impersonate(entry.as)
     const calls = (entry.ps ?? [entry.p ?? []]).map((c) => JSON.stringify(c))
     // blocks a caller mined (anvil_mine: several) go into the receipt archive after
-    const before = MINES.has(m) && m !== 'evm_mine' ? Number(await node.raw('eth_blockNumber')) : -1
+    const several = MINES.has(m) && (m !== 'evm_mine' || entry.ps !== undefined)
+    const before = several ? Number(await node.raw('eth_blockNumber')) : -1
     const t = performance.now()
-    const rs = entry.ps ? await node.ipc.callMany(m, calls) : [await node.ipc.call(m, calls[0]!)]
+    const rs = !entry.ps ? [await node.ipc.call(m, calls[0]!)] : MINES.has(m) ? await inTurn(node, m, calls) : await node.ipc.callMany(m, calls)
     this.tail.costMs += performance.now() - t
     this.tail.entries += calls.length
     if (entry.f) this.tail.fresh++
@@ -108,9 +111,16 @@ class Replay {
     // What a block mined is no longer pending: one read per block here saves asking after
     // every replayed tx below (that took longer than the replay itself).
     // A block mined again goes into the receipt archive again (it may have died before it did).
-    if (m === 'evm_mine' && !rs[0]!.error) {
+    if (m === 'evm_mine' && !several && !rs[0]!.error) {
       const b = await node.latestMined()
       if (b.transactions.length) await archiveBlocks(node, this.archive, Number(b.number), Number(b.number))
     } else if (before >= 0 && !rs[0]!.error) await archiveBlocks(node, this.archive, before + 1, Number(await node.raw('eth_blockNumber')))
   }
+}
+
+/** Calls of one method, each sent once the one before is answered. */
+async function inTurn(node: AnvilNode, method: string, calls: string[]): Promise<RpcResponse[]> {
+  const rs: RpcResponse[] = []
+  for (const c of calls) rs.push(await node.ipc.call(method, c))
+  return rs
 }

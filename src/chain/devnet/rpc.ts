@@ -90,7 +90,7 @@ export class RpcFront {
     // (a caller's impersonation calls may undo Paygate's: its sends impersonate again)
     if (/impersonat/i.test(method)) node.forgetImpersonated()
     if (r.error) return reply(id, r)
-    if (MINES.has(method)) await this.mined(method, params)
+    if (MINES.has(method)) await this.mined()
     else {
       const line = journalCall(method, params)
       journal.append(line)
@@ -109,17 +109,24 @@ export class RpcFront {
     return reply(id, r)
   }
 
-  /** After the caller's evm_mine / anvil_mine: journalled with the timestamps anvil gave the blocks. */
-  private async mined(method: string, params: unknown[]): Promise<void> {
+  /**
+   * After the caller's evm_mine / anvil_mine: journalled as the blocks it mined, each with the
+   * timestamp anvil gave it (replayed one evm_mine at a time). anvil gives each block of an
+   * anvil_mine the chain time it is mined at, in whole seconds: a replay of the call itself,
+   * mined at another moment, crosses a second at another block (or none) and gets other
+   * timestamps, and other hashes from there on.
+   */
+  private async mined(): Promise<void> {
     const { node, journal } = this
     const before = node.blocks
     const b = await node.afterMine()
     await archiveBlocks(node, this.archive, before + 1, node.blocks)
-    if (method === 'evm_mine') journal.append(journalCall('evm_mine', [b.timestamp]))
-    else {
-      const first = (await node.raw('eth_getBlockByNumber', [`0x${(before + 1).toString(16)}`, false])) as { timestamp: string }
-      journal.append(journalCall('evm_setNextBlockTimestamp', [Number(first.timestamp)]))
-      journal.append(journalCall(method, params))
+    const n = node.blocks - before
+    if (n === 1) journal.append(journalCall('evm_mine', [b.timestamp]))
+    else if (n > 1) {
+      const times = await blockTimes(node, before + 1, node.blocks)
+      const calls = times.map((ts) => `[${ts}]`)
+      journal.append(journalRun('evm_mine', calls), n)
     }
     await journal.recordOffset(node)
     this.miner.noteMined()
@@ -240,6 +247,19 @@ interface SendKind {
   method: string
   params: string[]
   as?: string
+}
+
+/** The timestamps (s) of blocks `from` to `to`, read pipelined, a slice at a time. */
+async function blockTimes(node: AnvilNode, from: number, to: number): Promise<number[]> {
+  const out: number[] = []
+  for (let lo = from; lo <= to; lo += 256) {
+    const ps = Array.from({ length: Math.min(256, to - lo + 1) }, (_, i) => `["0x${(lo + i).toString(16)}",false]`)
+    for (const r of await node.ipc.callMany('eth_getBlockByNumber', ps)) {
+      if (r.error || !r.result) throw new Error(`eth_getBlockByNumber: ${r.error?.message ?? 'no block'}`)
+      out.push(Number((r.result as { timestamp: string }).timestamp))
+    }
+  }
+  return out
 }
 
 /** A JSON-RPC quantity from RLP's minimal big-endian bytes (none for zero). */
