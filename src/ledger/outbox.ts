@@ -76,7 +76,7 @@ export class Outbox {
   private pumping: Promise<void> | null = null
   private closed = false
   private readonly queue: QueuedRecord[] = []
-  /** Which signature each record gets: one made ahead, or the signing thread's. */
+  /** Which transaction each record gets: one made ahead, or its group's. */
   private readonly signing: RecordSigning
 
   /**

@@ -14,8 +14,8 @@ const sameEntry = (a: LedgerEntry, b: LedgerEntry): boolean =>
 /**
  * Which transaction each of the outbox's records gets (signed, or unsigned for the embedded
  * chain: LedgerWriter): the one made ahead for it (a lone payment's, while its retry was on the
- * wire, or as it is stored if its answer came first), when it still holds; else the signing
- * thread's, one request a group.
+ * wire, or as it is stored if its answer came first), when it still holds; else the group's,
+ * one request a group (to the signing thread when records are signed: LedgerWriter.signMany).
  */
 export class RecordSigning {
   /** A record signed ahead, with the nonce and stamp it was signed under. */

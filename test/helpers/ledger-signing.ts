@@ -51,7 +51,7 @@ export function watchSigning(t: Test, gw: TestGateway) {
   return calls
 }
 
-/** Payments made together: each its own ledger transaction, each made by the outbox, most of them on the signing thread. */
+/** Payments made together: each its own ledger transaction, each made by the outbox, most of them in groups (on the signing thread when records are signed). */
 export function madeTogether(t: Test, calls: ReturnType<typeof watchSigning>, hashes: readonly Hex[]): void {
   t.equal(new Set(hashes).size, hashes.length, 'a ledger transaction each')
   const made = new Set([...calls.onMain, ...calls.inGroups])
@@ -61,7 +61,7 @@ export function madeTogether(t: Test, calls: ReturnType<typeof watchSigning>, ha
   )
   t.ok(
     calls.inGroups.filter((h) => hashes.includes(h)).length >= hashes.length / 2,
-    `most on the signing thread (${calls.inGroups.length} there in ${calls.requests} requests, ${calls.onMain.length} ahead on the main thread)`,
+    `most in groups (${calls.inGroups.length} in ${calls.requests} requests${calls.thread ? ' to the signing thread' : ''}, ${calls.onMain.length} ahead on the main thread)`,
   )
 }
 

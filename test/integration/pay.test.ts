@@ -100,9 +100,10 @@ t.test('the ledger record of a lone payment is made while the paid retry is on t
   t.ok(await recordedOnLedger(receipt, tx.id), 'the ledger event holds the record')
 })
 
-t.test('payments made together are each their own transaction on chain, made on the signing thread', async (t) => {
+t.test('payments made together are each their own transaction on chain, made in groups (unsigned: in place, no signing thread)', async (t) => {
   const { m } = await merchant('v2')
   const calls = watchSigning(t, gw)
+  t.equal(calls.thread, undefined, 'the embedded chain takes unsigned records: no thread makes them')
   const rs = await Promise.all(Array.from({ length: 12 }, () => gw.api('POST', '/v1/pay', { body: { agentId: 'payer', endpoint: `${m.url}/paid`, method: 'GET' } })))
   for (const r of rs) t.equal(r.status, 200, r.text)
   const hashes = rs.map((r) => r.body.txHash as Hex)

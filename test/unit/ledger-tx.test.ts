@@ -270,16 +270,19 @@ t.test('the signing thread: the same bytes as signing in place, in request order
       `group ${g}: ${items.length} records, the bytes and hashes of signing in place`,
     )
   })
-  // unsigned records (the embedded chain) are made on the thread alike
+  // unsigned records (the embedded chain) are made in place: no thread is started for them
   const unsignedChain = { ...chain, unsignedLedger: true } as unknown as Chain
   const threadedUnsigned = new LedgerWriter(unsignedChain, { thread: true })
   t.teardown(() => threadedUnsigned.close())
+  t.equal((threadedUnsigned as unknown as { thread?: unknown }).thread, undefined, 'no signing thread for unsigned records')
   const items = groups[4]!
+  const made = await threadedUnsigned.signMany(items)
   t.same(
-    await threadedUnsigned.signMany(items),
+    made,
     items.map((i) => new LedgerWriter(unsignedChain).sign(i.entry, i.nonce)),
-    'unsigned on the thread: the bytes and hashes made in place',
+    'unsigned in a group: the bytes and hashes made one by one',
   )
+  t.notSame(made, signed[4], 'and not the signed ones')
   const bad = { ...entry(), id: '0x12' as Hex }
   await t.rejects(
     threaded.signMany([
