@@ -222,16 +222,19 @@ export class ReceiptArchive {
       this.dropTail(b)
     }
     this.lastScanAt = Date.now()
-    const drop = (): void => {
-      const left = this.lastScanAt + TAIL_KEEP_MS - Date.now()
-      if (left > 0) this.tailsTimer = setTimeout(drop, left).unref()
-      else {
-        this.tails.clear()
-        this.tailsBytes = 0
-        this.tailsTimer = undefined
-      }
+    this.tailsTimer ??= setTimeout(() => this.expireTails(), TAIL_KEEP_MS).unref()
+  }
+
+  /** Drop the kept bytes once TAIL_KEEP_MS passed since the last scan (else look again then). */
+  private expireTails(): void {
+    const left = this.lastScanAt + TAIL_KEEP_MS - Date.now()
+    if (left > 0) {
+      this.tailsTimer = setTimeout(() => this.expireTails(), left).unref()
+      return
     }
-    this.tailsTimer ??= setTimeout(drop, TAIL_KEEP_MS).unref()
+    this.tails.clear()
+    this.tailsBytes = 0
+    this.tailsTimer = undefined
   }
 
   close(): void {
