@@ -9,6 +9,10 @@ export interface OutboxEntry {
   hash: Hex
 }
 
+/** The meta key of the next nonce to take, and each stored record's key (its nonce, so that keys sort in nonce order). */
+export const NONCE_KEY = 'ledgerNextNonce'
+export const nonceKey = (n: bigint): string => n.toString().padStart(20, '0')
+
 /**
  * The unconfirmed records that have receipts, from the first on. Confirming stops at the first
  * record without a receipt (`left`): a pass costs what changed, not the whole backlog. Once two

@@ -4,7 +4,8 @@ import type { LedgerEntry, LedgerWriter } from '../chain/ledger-tx.js'
 import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import { KeyedMutex } from '../util/mutex.js'
-import { minedInOrder, type OutboxEntry } from './outbox-receipts.js'
+import { minedInOrder, NONCE_KEY, nonceKey, type OutboxEntry } from './outbox-receipts.js'
+import { SharedOutbox } from './outbox-shared.js'
 import { RecordSigning } from './record-signing.js'
 import type { Transactions } from './transactions.js'
 import { systemClock, type Clock } from '../util/clock.js'
@@ -19,8 +20,6 @@ interface QueuedRecord {
   still?: () => Promise<boolean>
 }
 
-const NONCE_KEY = 'ledgerNextNonce'
-const nonceKey = (n: bigint): string => n.toString().padStart(20, '0')
 /**
  * How long records gather before a pass sends them (in one call): passes cost per call, not per
  * record, on both sides. Nothing waits for it: the paid path has its txHash already.
@@ -40,8 +39,6 @@ const MAX_HELD = 20_000
  * Sending again what the node has is harmless ("already known").
  */
 const RESEND_AFTER_MS = 60_000
-/** Shared store: another replica's row still unconfirmed this long after we first saw it is sent by us too. */
-const ADOPT_AFTER_MS = 30_000
 
 /**
  * Durable outbox of ledger records. A record is signed with the next local nonce and
@@ -79,16 +76,8 @@ export class Outbox {
   /** Which transaction each record gets: one made ahead, or its group's. */
   private readonly signing: RecordSigning
 
-  /**
-   * On a store shared by replicas (PostgreSQL) every replica records with the one ledger signer:
-   * nonces are taken from the database under its cross-replica lock, in the batch that stores the
-   * records, and a replica also sends other replicas' rows it finds left unsent (see adoptForeign).
-   */
-  private readonly shared: boolean
-  /** The signer's nonce on chain at start: the floor for the stored next nonce. */
-  private chainNonce = 0n
-  /** Other replicas' rows below our own, and when we first saw each. */
-  private foreignSeen = new Map<string, number>()
+  /** On a store shared by replicas (PostgreSQL): nonces from the database, other replicas' rows adopted (outbox-shared.ts). */
+  private readonly shared: SharedOutbox | null
 
   private readonly pollMs: number
   private readonly maxHeld: number
@@ -108,13 +97,13 @@ export class Outbox {
     this.clock = opts.clock ?? systemClock
     this.entries = store.collection('ledgerOutbox')
     this.meta = store.collection('meta')
-    this.shared = store.backend === 'postgres'
+    this.shared = store.backend === 'postgres' ? new SharedOutbox(store, this.entries, this.meta, this.clock, log) : null
     this.signing = new RecordSigning(writer)
   }
 
   async start(): Promise<void> {
     const chainNonce = await this.writer.init()
-    this.chainNonce = chainNonce
+    if (this.shared) this.shared.chainNonce = chainNonce
     const stored = await this.meta.get(NONCE_KEY)
     this.nextNonce = stored !== undefined && BigInt(stored) > chainNonce ? BigInt(stored) : chainNonce
     // After a restart everything stored is sent again: the node may never have had it.
@@ -203,7 +192,7 @@ export class Outbox {
       let kept = group
       try {
         if (this.shared) {
-          ;({ next: nonce, kept } = await this.storeShared(group, batch, hashes, stored))
+          ;({ next: nonce, kept } = await this.shared.record(group, batch, (k, from) => this.signGroup(k, from, batch, hashes, stored)))
         } else {
           nonce = await this.signGroup(group, nonce, batch, hashes, stored)
           await this.store.batch(batch)
@@ -248,21 +237,6 @@ export class Outbox {
     return nonce
   }
 
-  /** Shared store: take the nonces from the database under the signer's cross-replica lock, written in that lock's transaction. */
-  private async storeShared(group: readonly QueuedRecord[], batch: BatchOp[], hashes: Hex[], stored: OutboxEntry[]): Promise<{ next: bigint; kept: QueuedRecord[] }> {
-    const { result, written } = await this.store.transact('ledger:signer', async () => {
-      const kept: QueuedRecord[] = []
-      for (const g of group) if (!g.still || (await g.still())) kept.push(g)
-      const at = await this.meta.get(NONCE_KEY)
-      const from = at !== undefined && BigInt(at) > this.chainNonce ? BigInt(at) : this.chainNonce
-      const next = await this.signGroup(kept, from, batch, hashes, stored)
-      return { ops: batch, result: { next, kept } }
-    })
-    const w = await written
-    if (!w.ok) throw w.error
-    return result
-  }
-
   private schedule(ms: number): void {
     if (this.closed || this.timer) return
     this.timer = setTimeout(() => {
@@ -291,7 +265,7 @@ export class Outbox {
   /** Send what is unsent (in nonce order, MAX_SEND per call), then confirm what has receipts. */
   private async pump(): Promise<void> {
     if (this.spilledUpTo !== null) await this.readBack()
-    if (this.shared) await this.adoptForeign()
+    if (this.shared) await this.adoptForeign(this.shared)
     await this.writer.refreshFeesIfDue().catch((e: unknown) => this.log.warn({ err: e }, 'refreshing ledger fees failed; the last ones are used'))
     while (this.unsent.length) {
       const batch = this.unsent.slice(0, MAX_SEND)
@@ -372,30 +346,10 @@ export class Outbox {
     this.firstSentAt.delete(old.txId)
   }
 
-  /**
-   * Shared store: rows of other replicas below our first unconfirmed one, still stored
-   * ADOPT_AFTER_MS after we first saw them, were left by a replica that stopped (or cannot reach
-   * the chain). Our later nonces cannot be mined before them, so we send them too (a signed
-   * transaction sent twice is harmless) and confirm them like our own.
-   */
-  private async adoptForeign(): Promise<void> {
-    const first = this.unconfirmed[0] ?? this.unsent[0]
-    if (!first) return
-    const now = this.clock.now()
-    const ours = new Set([...this.unconfirmed, ...this.unsent].map((e) => e.nonce))
-    const seen = new Map<string, number>()
-    const adopt: OutboxEntry[] = []
-    for await (const [, e] of this.entries.entries({ lt: nonceKey(BigInt(first.nonce)), limit: MAX_SEND })) {
-      if (ours.has(e.nonce)) continue
-      const since = this.foreignSeen.get(e.nonce) ?? now
-      seen.set(e.nonce, since)
-      if (now - since >= ADOPT_AFTER_MS) adopt.push(e)
-    }
-    this.foreignSeen = seen
+  /** Shared store: other replicas' rows left unsent go first, then ours again (sending what the node has is harmless). */
+  private async adoptForeign(shared: SharedOutbox): Promise<void> {
+    const adopt = await shared.adoptable(this.unconfirmed, this.unsent, MAX_SEND)
     if (!adopt.length) return
-    this.log.warn({ from: adopt[0]!.nonce, count: adopt.length }, 'sending ledger records another replica left unsent or unconfirmed')
-    for (const e of adopt) this.foreignSeen.delete(e.nonce)
-    // In nonce order: the adopted rows, then ours again (sending what the node has is harmless).
     this.unsent = [...adopt, ...this.unconfirmed.splice(0), ...this.unsent]
     this.stored += adopt.length
   }
