@@ -1,4 +1,3 @@
-import { PaygateError, notFound } from '../errors/index.js'
 import type { Logger } from '../log/index.js'
 import type { BatchOp, Collection, Store } from '../store/index.js'
 import type { Clock } from '../util/clock.js'
@@ -8,7 +7,8 @@ import { maskChannel } from './mask.js'
 import { type DeliveryFilter, listDeliveries, sweepDeliveries } from './delivery-log.js'
 import { DestinationSlots, destinationOf, PER_DESTINATION } from './destinations.js'
 import type { Delivery, DropReason } from './model.js'
-import { Adopter, lockOf } from './adoption.js'
+import { Adopter } from './adoption.js'
+import { DeliveryWrites } from './delivery-writes.js'
 import { afterFailure, ok } from './schedule.js'
 
 export type Sender = (d: Delivery) => Promise<AttemptResult>
@@ -88,6 +88,8 @@ export class DeliveryQueue {
   private readonly me: string | null
   /** Replicas: finds and takes the deliveries of stopped replicas (adoption.ts). */
   private readonly adopter: Adopter | null
+  /** Every change of a stored delivery, under its lock with replicas (delivery-writes.ts). */
+  private readonly writes: DeliveryWrites
 
   constructor(
     private readonly store: Store,
@@ -101,6 +103,7 @@ export class DeliveryQueue {
     this.pollMs = opts.pollMs ?? 1000
     this.slots = new DestinationSlots(opts.perDestination ?? PER_DESTINATION)
     this.me = opts.owners?.replicaId ?? null
+    this.writes = new DeliveryWrites(store, this.coll, this.dueColl, clock, this.me)
     this.adopter = opts.owners
       ? new Adopter({
           ...{ store, coll: this.coll, dueColl: this.dueColl, clock, log, owners: opts.owners, attemptMs: opts.attemptMs ?? 0 },
@@ -147,15 +150,7 @@ export class DeliveryQueue {
 
   /** The ops that store new deliveries (the caller writes them with its own). */
   ops(ds: readonly Delivery[]): BatchOp[] {
-    return ds.flatMap((d): BatchOp[] => [
-      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: this.owned(d) },
-      { type: 'put', coll: this.dueColl as Collection<unknown>, key: d.id, value: d.nextAt ?? 0 },
-    ])
-  }
-
-  /** `d` stamped with this replica as its owner (unchanged on LevelDB). */
-  private owned(d: Delivery): Delivery {
-    return this.me ? { ...d, owner: this.me } : d
+    return this.writes.ops(ds)
   }
 
   /** Take deliveries whose ops are written. */
@@ -279,7 +274,7 @@ export class DeliveryQueue {
       : { ...d, attempts, ...after, ...(after.status === 'dropped' ? { dropReason: 'retries_exhausted' as const } : {}), updatedAt: now }
     let next: Delivery
     try {
-      const written = await this.writeOwned(computed)
+      const written = await this.writes.attempted(computed)
       if (!written) {
         this.forget(d.id)
         return
@@ -296,41 +291,9 @@ export class DeliveryQueue {
     }
   }
 
-  /**
-   * Write an attempt's result; with replicas only while this one still owns it. A delivery
-   * cancelled during the attempt (`cancel`) stays dropped, with the attempt added, unless the
-   * attempt delivered it. What was written, or null when not (no longer ours).
-   */
-  private async writeOwned(next: Delivery): Promise<Delivery | null> {
-    const merged = (cur: Delivery | undefined): Delivery =>
-      cur?.status === 'dropped' && cur.dropReason && cur.dropReason !== 'retries_exhausted' && next.status !== 'delivered'
-        ? { ...next, status: 'dropped', nextAt: null, dropReason: cur.dropReason }
-        : next
-    if (!this.me) {
-      const out = merged(await this.coll.get(next.id))
-      await this.store.batch(this.write(out))
-      return out
-    }
-    const { result, written } = await this.store.transact(lockOf(next.id), async () => {
-      const cur = await this.coll.get(next.id)
-      if (cur?.owner !== this.me) return { ops: [], result: null }
-      const out = merged(cur)
-      return { ops: this.write(out), result: out }
-    })
-    const w = await written
-    if (!w.ok) throw w.error
-    return result
-  }
-
   /** Drop one waiting delivery for `why` (under its lock with replicas, whoever owns it); whether it was waiting. */
   private async cancelOne(id: string, why: DropReason): Promise<boolean> {
-    const change = async (): Promise<{ ops: BatchOp[]; result: boolean }> => {
-      const d = await this.coll.get(id)
-      if (!d || (d.status !== 'pending' && d.status !== 'retrying')) return { ops: [], result: false }
-      // Its owner stays: a replica that holds it in memory finds it dropped at its next look.
-      return { ops: this.write({ ...d, status: 'dropped', nextAt: null, dropReason: why, updatedAt: this.clock.now() }, false), result: true }
-    }
-    const done = await this.changeOne(id, change)
+    const done = await this.writes.drop(id, why)
     if (!this.closed) this.forget(id)
     if (done) this.log.info({ deliveryId: id, reason: why }, 'notification dropped: what it was for was deleted')
     return done
@@ -355,50 +318,13 @@ export class DeliveryQueue {
     return n
   }
 
-  /** A read-modify-write of one delivery: under its lock when replicas share the store, else as is; its result once written. */
-  private async changeOne<T>(id: string, change: () => Promise<{ ops: BatchOp[]; result: T }>): Promise<T> {
-    if (!this.me) {
-      const r = await change()
-      await this.store.batch(r.ops)
-      return r.result
-    }
-    const r = await this.store.transact(lockOf(id), change)
-    const w = await r.written
-    if (!w.ok) throw w.error
-    return r.result
-  }
-
-  /** A delivery's ops; `own`: stamped as this replica's (not when dropping another's). */
-  private write(d: Delivery, own = true): BatchOp[] {
-    const final = d.status === 'delivered' || d.status === 'dropped'
-    return [
-      { type: 'put', coll: this.coll as Collection<unknown>, key: d.id, value: own ? this.owned(d) : d },
-      final ? { type: 'del', coll: this.dueColl as Collection<unknown>, key: d.id } : { type: 'put', coll: this.dueColl as Collection<unknown>, key: d.id, value: d.nextAt ?? 0 },
-    ]
-  }
-
-  async get(id: string): Promise<Delivery> {
-    const d = await this.coll.get(id)
-    if (!d) throw notFound(`delivery ${id}`)
-    return d
+  get(id: string): Promise<Delivery> {
+    return this.writes.get(id)
   }
 
   /** Send a dropped delivery again: a fresh schedule, the same id and body. Others: 409. */
   async retry(id: string): Promise<Delivery> {
-    const again = async (): Promise<{ ops: BatchOp[]; result: Delivery }> => {
-      const d = await this.get(id)
-      if (d.status !== 'dropped') throw new PaygateError('conflict', `delivery ${id} is ${d.status}; only a dropped delivery can be retried`, { extra: { status: d.status } })
-      if (d.dropReason === 'alert_deleted' || d.dropReason === 'webhook_deleted') {
-        const what = d.dropReason === 'alert_deleted' ? `its alert ${d.alertId}` : `its webhook endpoint ${d.webhookId}`
-        throw new PaygateError('conflict', `delivery ${id} was dropped because ${what} was deleted; it is not sent again`, { extra: { status: d.status } })
-      }
-      const now = this.clock.now()
-      const { dropReason: _, ...rest } = d
-      const next: Delivery = this.owned({ ...rest, status: 'pending', nextAt: now, retriedAt: [...(d.retriedAt ?? []), now], updatedAt: now })
-      return { ops: this.write(next), result: next }
-    }
-    // Under the delivery's lock: two replicas retrying it at once, one wins and owns it; the other gets the 409.
-    const next = await this.changeOne(id, again)
+    const next = await this.writes.retry(id)
     this.accept([next])
     return next
   }
