@@ -8,9 +8,9 @@ import { endpointOf, isEip3009, newTxId, type StoredAuthorization, type Transact
 import type { Logger } from '../log/index.js'
 import { decide, domainPermitted } from '../policy/decide.js'
 import { domainOf } from '../policy/domains.js'
-import type { ProtocolPreference, StoredPolicy } from '../policy/model.js'
+import type { ProtocolPreference } from '../policy/model.js'
 import type { PolicyStore } from '../policy/store.js'
-import type { InvocationBook, InvocationContext } from '../policy/invocations.js'
+import type { InvocationBook } from '../policy/invocations.js'
 import { countSessionCall } from '../policy/usage.js'
 import { SESSION_HEADER } from '../protocols/mpp.js'
 import type { HttpAnswer, PayableChain } from '../protocols/types.js'
@@ -28,7 +28,7 @@ import { Leases } from './leases.js'
 import { choosePlan, detectAll, MAX_402_BODY, read402, type Choice } from './offers.js'
 import { Recorder } from './record.js'
 import { reserve, type ReserveDeps } from './reserve.js'
-import type { MppSession } from './sessions.js'
+import { begin, beginCached, type StartDeps } from './start.js'
 import { AheadSigner } from './sign-ahead.js'
 import type { FirstAnswer, PayOptions, PayOutcome, PayStart, Relayed } from './types.js'
 import { unreachable } from '../upstream/errors.js'
@@ -62,7 +62,6 @@ export interface EngineDeps {
   locks?: CrossLocks
 }
 
-const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({})
 /** How far before a cut-off request's start its transaction is looked for (clock steps). */
 const CUT_OFF_MARGIN_MS = 60_000
 /** A session call the service refused: the session is dropped and, once, a new payment is allowed. */
@@ -73,9 +72,10 @@ const chainSilent = (e: unknown): never => {
 
 /**
  * The pay flow, shared by `POST /v1/pay` and the proxy, one entry point (`pay`) and its stages
- * in order: the first send, then offers.ts (read the 402, pick a plan), reserve.ts (policy and
- * reservation, the locked section), deliver.ts (the retry loop, ending as outcome.ts says),
- * record.ts (every record write, with the record hook). See docs/architecture.md.
+ * in order: start.ts (the lookups before the first send), the first send, then offers.ts (read
+ * the 402, pick a plan), reserve.ts (policy and reservation, the locked section), deliver.ts
+ * (the retry loop, ending as outcome.ts says), record.ts (every record write, with the record
+ * hook). See docs/architecture.md.
  */
 export class PaymentEngine {
   /** The record stage, shared with the reconciler. */
@@ -89,6 +89,7 @@ export class PaymentEngine {
    */
   readonly locks: CrossLocks
   private readonly aheadSigner: AheadSigner
+  private readonly startDeps: StartDeps
   private readonly reserveDeps: ReserveDeps
   private readonly deliverDeps: DeliverDeps
 
@@ -99,6 +100,14 @@ export class PaymentEngine {
     const shared = d.store.backend === 'postgres' ? { shared: new WalletSpend(d.store) } : {}
     this.balances = new Balances((a) => d.chain.balanceOf(a), d.clock, { onRefreshError: (e) => d.log.warn({ err: e }, 'refreshing a wallet balance failed'), ...shared })
     this.recorder = new Recorder({ store: d.store, policies: d.policies, transactions: d.transactions, outbox: d.outbox, events: d.events, hooks: d.hooks, clock: d.clock, balances: this.balances })
+    this.startDeps = {
+      registry: d.registry,
+      policies: d.policies,
+      transactions: d.transactions,
+      mpp: d.mpp,
+      ...(d.invocations ? { invocations: d.invocations } : {}),
+      ...(d.acceptPayment !== undefined ? { acceptPayment: d.acceptPayment } : {}),
+    }
     this.reserveDeps = {
       policies: d.policies,
       balances: this.balances,
@@ -129,7 +138,7 @@ export class PaymentEngine {
   pay(request: PayRequest): Promise<PayOutcome>
   pay(request: PayRequest, options: PayOptions): Promise<PayOutcome | Relayed>
   async pay(request: PayRequest, options: PayOptions = {}): Promise<PayOutcome | Relayed> {
-    const start = this.beginCached(request) ?? (await this.begin(request))
+    const start = beginCached(this.startDeps, request) ?? (await begin(this.startDeps, request))
     const sending: Promise<FirstAnswer> = options.firstSend ? options.firstSend(start) : this.sendOrUnreachable(start.req, start.firstHeaders).then((response) => ({ kind: 'engine', response }))
     this.signAhead(start)
     const first = await sending
@@ -150,49 +159,6 @@ export class PaymentEngine {
    */
   private signAhead(start: PayStart): void {
     if (start.session === null) this.aheadSigner.start(start.req)
-  }
-
-  /** The lookups before the first send: the agent, the parent, the policy and a valid MPP session. */
-  private async begin(request: PayRequest): Promise<PayStart> {
-    const { agentId } = request
-    await this.d.registry.requireAgent(agentId)
-    const joined = request.invocation !== undefined ? await this.joinInvocation(request.invocation, request.parentTxHash) : null
-    const parent = joined ? joined.parent : request.parentTxHash ? await this.parentOf(request.parentTxHash, agentId) : null
-    const policy = await this.d.policies.policyOf(agentId)
-    return this.started(request, parent, policy, await this.d.mpp.session(agentId, request.url, request.origin), joined?.invocation ?? null)
-  }
-
-  /**
-   * A payment carrying an invocation's token: the invocation must be open (else 402
-   * `budget_exceeded`), and a `parentTxHash` must be its root or one of its payments (else 400).
-   * Without one, the payment hangs under the invocation's root.
-   */
-  private async joinInvocation(token: string, parentTxHash: string | undefined): Promise<{ invocation: InvocationContext; parent: TxRecord }> {
-    const book = this.d.invocations
-    if (!book) throw new PaygateError('budget_exceeded', 'the X-Paygate-Invocation token is not one of an open invocation')
-    const inv = await book.resolve(token)
-    const parent = parentTxHash ? await this.d.transactions.find(parentTxHash) : await this.d.transactions.get(inv.rootTxId)
-    if (!parent?.txHash || !(parent.id === inv.rootTxId || parent.invocation?.id === inv.id)) {
-      throw new PaygateError('invalid_request', `parentTxHash ${parentTxHash} is not a node of the invocation this token belongs to`, { extra: { field: 'parentTxHash' } })
-    }
-    return { invocation: book.context(inv), parent }
-  }
-
-  /** `begin` from memory alone, or null when a lookup would need the store (then call `begin`). */
-  private beginCached(request: PayRequest): PayStart | null {
-    const { agentId } = request
-    if (request.parentTxHash || request.invocation !== undefined || !this.d.registry.cachedAgent(agentId)) return null
-    const policy = this.d.policies.cachedPolicy(agentId)
-    const session = policy && this.d.mpp.cachedSession(agentId, request.url, request.origin)
-    return policy && session !== undefined ? this.started(request, null, policy, session) : null
-  }
-
-  private started(request: PayRequest, parent: TxRecord | null, policy: StoredPolicy, found: MppSession | null, invocation: InvocationContext | null = null): PayStart {
-    let req = request
-    // A valid MPP session with this service is sent along: no payment if the target takes it.
-    const session = found && domainPermitted(policy, domainOf(req.url)) ? found : null
-    if (this.d.acceptPayment && req.headers['accept-payment'] === undefined) req = { ...req, headers: { ...req.headers, 'accept-payment': this.d.acceptPayment } }
-    return { req, parent, policy, session, firstHeaders: session ? { [SESSION_HEADER]: session.token } : NO_HEADERS, invocation }
   }
 
   /** Everything after the first send: session accounting, offers, policy, payment. */
@@ -231,7 +197,7 @@ export class PaymentEngine {
     // One negotiation per agent and service: concurrent first calls, and concurrent calls
     // whose session was refused, wait here and then ride on the session the first one bought.
     return this.locks.run(`negotiation\u0000${agentId}\u0000${new URL(req.url).origin}`, async () => {
-      // As in `started`: a blocked or not-allowed domain rides no session (payPlan then rejects it).
+      // As in `started` (start.ts): a blocked or not-allowed domain rides no session (payPlan then rejects it).
       const bought = domainPermitted(policy, domainOf(req.url)) ? await this.d.mpp.session(agentId, req.url) : null
       if (bought) {
         const res = await this.sendOrUnreachable(req, { [SESSION_HEADER]: bought.token })
@@ -247,20 +213,6 @@ export class PaymentEngine {
   private pick(answer: HttpAnswer, req: PayRequest, pref: ProtocolPreference, mayRefetch: boolean): Choice {
     const found = detectAll(this.d.adapters, answer, req, this.payable, (e, protocol) => this.d.log.warn({ err: e, protocol }, 'offer detection failed'))
     return choosePlan(found, pref, mayRefetch)
-  }
-
-  /**
-   * A payment hangs only under the paying agent's own transactions: another agent's tree is not
-   * its to grow; and an invocation's tree grows only with that invocation's open token.
-   */
-  private async parentOf(hash: string, agentId: string): Promise<TxRecord> {
-    const p = await this.d.transactions.find(hash)
-    if (!p?.txHash) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a known transaction`, { extra: { field: 'parentTxHash' } })
-    if (p.kind === 'invocation' || p.invocation) {
-      throw new PaygateError('budget_exceeded', `parentTxHash ${hash} is in an invocation's tree: only a payment with that invocation's open X-Paygate-Invocation token joins it`)
-    }
-    if (p.agentId !== agentId) throw new PaygateError('invalid_request', `parentTxHash ${hash} is not a transaction of agent ${agentId}`, { extra: { field: 'parentTxHash' } })
-    return p
   }
 
   private sendOrUnreachable(req: PayRequest, extra: Record<string, string>): Promise<UpstreamResponse> {
