@@ -8,6 +8,8 @@
  * calls leave to do after it (LevelDB is written a second behind the log). Then the paid
  * latency of both, one call to each in turn (BENCH_AB_LATENCY calls each, 2,000).
  * BENCH_AB_ROUNDS and BENCH_AB_CALLS set the rounds (12) and the calls a window (200).
+ * BENCH_AB_NODE_ARGS_BASE and BENCH_AB_NODE_ARGS_THIS add Node flags to one side's gateway
+ * (space-separated), so one tree can be compared with itself under other V8 settings.
  */
 import { readFileSync, rmSync } from 'node:fs'
 import { join, resolve } from 'node:path'
@@ -27,9 +29,9 @@ const ENV = {
 const AGENTS = 16
 
 /** One tree's gateway with 16 funded agents and its own merchant; `window(k)` is its CPU ms per paid call over `calls` calls by `k` callers. */
-async function side(spawn: Spawn, payTo: string, calls: number) {
+async function side(spawn: Spawn, payTo: string, calls: number, nodeArgs = '') {
   const dataDir = tempDir('paygate-ab-')
-  const gw = await spawn({ PAYGATE_DATA_DIR: dataDir, ...ENV }, [], gatewayNodeArgs(), false)
+  const gw = await spawn({ PAYGATE_DATA_DIR: dataDir, ...ENV }, [], [...gatewayNodeArgs(), ...nodeArgs.split(' ').filter(Boolean)], false)
   const key = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(gw.url, 'GET', '/v1/chain', key)).body
   const { proc: merchant, url: murl } = await spawnServer('./x402-merchant.ts', { BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo })
@@ -76,7 +78,10 @@ export async function benchPayAb(opts: { rounds: number; calls: number }): Promi
   // Both trees run from their sources, alike (the other checkout's build may be stale or absent).
   const built = process.env.PAYGATE_SPAWN_BUILT
   delete process.env.PAYGATE_SPAWN_BUILT
-  const sides = { base: await side(spawnBase, payTo, opts.calls), this: await side(spawnGateway, payTo, opts.calls) }
+  const sides = {
+    base: await side(spawnBase, payTo, opts.calls, process.env.BENCH_AB_NODE_ARGS_BASE),
+    this: await side(spawnGateway, payTo, opts.calls, process.env.BENCH_AB_NODE_ARGS_THIS),
+  }
   if (built !== undefined) process.env.PAYGATE_SPAWN_BUILT = built
   for (const s of Object.values(sides)) await throughput(4, 1500, 60_000, s.paid) // warm-up: JIT, pools, caches
   await new Promise((r) => setTimeout(r, 3000)) // what the warm-up left to write
