@@ -5,11 +5,11 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
-COPY scripts/build-web.mjs ./scripts/build-web.mjs
+COPY scripts/build-web.mjs scripts/bundle.mjs ./scripts/
 COPY src ./src
 COPY web ./web
 COPY config ./config
-# The server (tsc) and the dashboard (Vite, into dist/web).
+# The server (tsc, then bundled into dist/paygate.js) and the dashboard (Vite, into dist/web).
 RUN npm run build
 
 FROM node:20-bookworm-slim
@@ -32,4 +32,4 @@ EXPOSE 8402 8403
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s \
   CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.PAYGATE_API_PORT||8403)+'/healthz').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
 # Node flags as `npm start` has them (docs/operations.md).
-CMD ["node", "--max-semi-space-size=64", "dist/main.js"]
+CMD ["node", "--max-semi-space-size=64", "dist/paygate.js"]

@@ -3,7 +3,7 @@
 // dist/, otherwise the TypeScript sources through tsx, as `npm start` runs them.
 import { existsSync } from 'node:fs'
 
-const built = new URL('../dist/main.js', import.meta.url)
+const built = new URL('../dist/paygate.js', import.meta.url)
 if (existsSync(built)) {
   await import(built.href)
 } else {

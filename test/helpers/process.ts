@@ -22,7 +22,7 @@ export interface GatewayProcess {
  * The gateway's entry: the sources through tsx (tests), or with `PAYGATE_SPAWN_BUILT=1` the build
  * `npm start` runs (benchmarks measure that; they build it first).
  */
-const entry = (): string[] => (process.env.PAYGATE_SPAWN_BUILT === '1' ? ['dist/main.js'] : ['--import', 'tsx', 'src/main.ts'])
+const entry = (): string[] => (process.env.PAYGATE_SPAWN_BUILT === '1' ? ['dist/paygate.js'] : ['--import', 'tsx', 'src/main.ts'])
 
 /** Run `paygate start` as a real child process and wait until it prints its API address (within `startMs`). */
 export async function spawnGateway(env: Record<string, string>, args: string[] = [], nodeArgs: string[] = [], keepStdout = true, startMs = 20_000): Promise<GatewayProcess> {

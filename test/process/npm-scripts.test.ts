@@ -95,21 +95,54 @@ async function startNpm(t: Test, dataDir: string): Promise<{ run: NpmRun; gatewa
   const started = JSON.parse(await run.line(/"msg":"paygate started"/))
   const [gateway] = childrenOf(run.proc.pid!)
   t.ok(gateway, 'the gateway is npm’s own child (exec: no shell in between)')
-  t.equal(readFileSync(`/proc/${gateway}/cmdline`, 'utf8'), `${['node', ...START_NODE_ARGS, 'dist/main.js'].join('\0')}\0`, 'it runs the compiled program, with the Node flags the benchmarks measure')
+  t.equal(
+    readFileSync(`/proc/${gateway}/cmdline`, 'utf8'),
+    `${['node', ...START_NODE_ARGS, 'dist/paygate.js'].join('\0')}\0`,
+    'it runs the compiled program (bundled), with the Node flags the benchmarks measure',
+  )
   return { run, gateway: gateway!, api: Number(new URL(started.api).port) }
+}
+
+/**
+ * What the bundle's modules find beside their own files in dist/ (scripts/bundle.mjs rewrites
+ * their import.meta.url): the OpenAPI document, the dashboard, the default config (its chain
+ * settings), the embedded chain's worker thread and the native addons.
+ */
+async function bundleFindsItsFiles(t: Test, api: number, dataDir: string): Promise<void> {
+  const base = `http://127.0.0.1:${api}`
+  const openapi = await fetch(`${base}/v1/openapi.json`)
+  t.equal(openapi.status, 200, 'the OpenAPI document is served')
+  t.match(((await openapi.json()) as { openapi: string }).openapi, /^3\./)
+  const ui = await fetch(`${base}/ui/`)
+  t.equal(ui.status, 200, 'the dashboard is served')
+  t.match(await ui.text(), /<html/i)
+  const key = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
+  const chain = (await (await fetch(`${base}/v1/chain`, { headers: { authorization: `Bearer ${key}` } })).json()) as { chainId: number; embedded?: boolean; ledger: string }
+  t.equal(chain.chainId, 31337, 'the chain of the default config (config/default.json)')
+  t.equal(chain.embedded, true, 'the embedded chain runs (its worker thread)')
+  t.match(chain.ledger, /^0x[0-9a-fA-F]{40}$/)
+  const agent = await fetch(`${base}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ agentId: 'bundle-check' }) })
+  t.equal(agent.status, 201, 'an agent is created (LevelDB, a native addon)')
+  const wallet = await fetch(`${base}/v1/wallets`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ agentId: 'bundle-check' }),
+  })
+  t.equal(wallet.status, 201, 'a wallet is created and funded on the embedded chain')
 }
 
 t.test('npm start: SIGTERM to npm stops the gateway cleanly; Ctrl-C too; a start after no change rebuilds nothing', async (t) => {
   const dataDir = testDir(t)
   const first = await startNpm(t, dataDir)
+  await bundleFindsItsFiles(t, first.api, dataDir)
   // A second start on the same data directory, while the first runs: it names the holder.
-  const second = spawn(process.execPath, ['dist/main.js'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...ports, PAYGATE_DATA_DIR: dataDir, PAYGATE_CERTS_DIR: join(dataDir, 'certs') } })
+  const second = spawn(process.execPath, ['dist/paygate.js'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...ports, PAYGATE_DATA_DIR: dataDir, PAYGATE_CERTS_DIR: join(dataDir, 'certs') } })
   let secondErr = ''
   second.stderr!.on('data', (d) => (secondErr += d))
   t.equal(await new Promise((r) => second.on('exit', r)), 1)
   t.match(secondErr, `held by pid ${first.gateway}`)
 
-  const built = statSync(join(ROOT, 'dist/main.js')).mtimeMs
+  const built = [statSync(join(ROOT, 'dist/main.js')).mtimeMs, statSync(join(ROOT, 'dist/paygate.js')).mtimeMs]
   process.kill(first.run.proc.pid!, 'SIGTERM')
   t.equal(await first.run.exited, 0, 'npm exits 0')
   t.ok(
@@ -121,7 +154,7 @@ t.test('npm start: SIGTERM to npm stops the gateway cleanly; Ctrl-C too; a start
   t.same(namingDir(dataDir), [], 'no anvil left behind')
 
   const again = await startNpm(t, dataDir)
-  t.equal(statSync(join(ROOT, 'dist/main.js')).mtimeMs, built, 'nothing changed: nothing rebuilt')
+  t.same([statSync(join(ROOT, 'dist/main.js')).mtimeMs, statSync(join(ROOT, 'dist/paygate.js')).mtimeMs], built, 'nothing changed: nothing rebuilt, nor bundled again')
   // Ctrl-C: the terminal signals the whole foreground group (npm and the gateway).
   process.kill(-again.run.proc.pid!, 'SIGINT')
   await again.run.exited

@@ -98,8 +98,8 @@ t.test("the replicas' container ports are the ones the Dockerfile exposes and th
 
 t.test('the image and `npm start` run Node with the flags the benchmarks measure', async (t) => {
   const cmd = JSON.parse(/^CMD (\[.+\])$/m.exec(dockerfile)?.[1] ?? '[]') as string[]
-  t.same(cmd, ['node', ...START_NODE_ARGS, 'dist/main.js'], 'the Dockerfile runs the built gateway with them')
+  t.same(cmd, ['node', ...START_NODE_ARGS, 'dist/paygate.js'], 'the Dockerfile runs the built gateway (bundled) with them')
   const start = (JSON.parse(readFileSync(new URL('package.json', root), 'utf8')) as { scripts: Record<string, string> }).scripts.start
-  t.equal(start, `exec node ${START_NODE_ARGS.join(' ')} dist/main.js`, 'npm start the same')
+  t.equal(start, `exec node ${START_NODE_ARGS.join(' ')} dist/paygate.js`, 'npm start the same')
   t.ok(START_NODE_ARGS.length > 0)
 })
