@@ -65,12 +65,14 @@ const onRequest: Record<string, () => Promise<void>> = {
 
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith('-'))
 const names = wanted.length ? wanted : Object.keys(benches)
-// Gateways are measured as `npm start` runs them: built (tsc), not through tsx. pay-ab runs
-// both trees from their sources, alike; BENCH_SOURCE=1 runs the others from source too.
+// Gateways are measured as `npm start` runs them: built (tsc, bundled), not through tsx. pay-ab
+// runs both trees from their sources, alike; BENCH_SOURCE=1 runs the others from source too.
+// Profiled (BENCH_PROFILE) or with BENCH_UNBUNDLED=1 they run the unbundled build, whose
+// profiles name each module's own file.
 if (process.env.BENCH_SOURCE !== '1' && names.some((n) => BUILT.has(n))) {
   const b = spawnSync('npm', ['run', '--silent', 'build:server'], { stdio: 'inherit' })
   if (b.status !== 0) throw new Error('building the gateway failed')
-  process.env.PAYGATE_SPAWN_BUILT = '1'
+  process.env.PAYGATE_SPAWN_BUILT = process.env.BENCH_PROFILE || process.env.BENCH_UNBUNDLED === '1' ? 'modules' : '1'
 }
 for (const name of names) {
   const b = benches[name] ?? onRequest[name]

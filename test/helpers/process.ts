@@ -20,9 +20,11 @@ export interface GatewayProcess {
 
 /**
  * The gateway's entry: the sources through tsx (tests), or with `PAYGATE_SPAWN_BUILT=1` the build
- * `npm start` runs (benchmarks measure that; they build it first).
+ * `npm start` runs (benchmarks measure that; they build it first), with `=modules` the same
+ * build unbundled (`dist/main.js`: profiles name each module's file).
  */
-const entry = (): string[] => (process.env.PAYGATE_SPAWN_BUILT === '1' ? ['dist/paygate.js'] : ['--import', 'tsx', 'src/main.ts'])
+const BUILT_ENTRY: Record<string, string[]> = { '1': ['dist/paygate.js'], modules: ['dist/main.js'] }
+const entry = (): string[] => BUILT_ENTRY[process.env.PAYGATE_SPAWN_BUILT ?? ''] ?? ['--import', 'tsx', 'src/main.ts']
 
 /** Run `paygate start` as a real child process and wait until it prints its API address (within `startMs`). */
 export async function spawnGateway(env: Record<string, string>, args: string[] = [], nodeArgs: string[] = [], keepStdout = true, startMs = 20_000): Promise<GatewayProcess> {
