@@ -79,12 +79,12 @@ export const START_NODE_ARGS = ['--max-semi-space-size=64']
 /**
  * Node flags for the benchmarks' gateways: those of `npm start`; with `BENCH_PROFILE=<dir>` each
  * writes a V8 CPU profile there when it stops; `BENCH_NODE_ARGS` adds any others (space-separated,
- * to try V8 settings; a flag given again there wins).
+ * to try V8 settings; a flag given again there wins), and `extra` after them (the same form).
  */
-export const gatewayNodeArgs = (): string[] => [
+export const gatewayNodeArgs = (extra = ''): string[] => [
   ...START_NODE_ARGS,
   ...(process.env.BENCH_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE}`] : []),
-  ...(process.env.BENCH_NODE_ARGS ?? '').split(' ').filter(Boolean),
+  ...`${process.env.BENCH_NODE_ARGS ?? ''} ${extra}`.split(' ').filter(Boolean),
 ]
 
 /**

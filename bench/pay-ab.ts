@@ -31,7 +31,7 @@ const AGENTS = 16
 /** One tree's gateway with 16 funded agents and its own merchant; `window(k)` is its CPU ms per paid call over `calls` calls by `k` callers. */
 async function side(spawn: Spawn, payTo: string, calls: number, nodeArgs = '') {
   const dataDir = tempDir('paygate-ab-')
-  const gw = await spawn({ PAYGATE_DATA_DIR: dataDir, ...ENV }, [], [...gatewayNodeArgs(), ...nodeArgs.split(' ').filter(Boolean)], false)
+  const gw = await spawn({ PAYGATE_DATA_DIR: dataDir, ...ENV }, [], gatewayNodeArgs(nodeArgs), false)
   const key = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
   const info = (await call(gw.url, 'GET', '/v1/chain', key)).body
   const { proc: merchant, url: murl } = await spawnServer('./x402-merchant.ts', { BENCH_CHAIN_ID: String(info.chainId), BENCH_TOKEN: info.token, BENCH_PAY_TO: payTo })

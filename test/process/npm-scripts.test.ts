@@ -6,7 +6,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { testDir } from '../helpers/gateway.js'
-import { spawnGateway } from '../helpers/process.js'
+import { call, spawnGateway } from '../helpers/process.js'
 import { START_NODE_ARGS } from '../../bench/lib.js'
 
 /**
@@ -117,17 +117,13 @@ async function bundleFindsItsFiles(t: Test, api: number, dataDir: string): Promi
   t.equal(ui.status, 200, 'the dashboard is served')
   t.match(await ui.text(), /<html/i)
   const key = readFileSync(join(dataDir, 'account-key'), 'utf8').trim()
-  const chain = (await (await fetch(`${base}/v1/chain`, { headers: { authorization: `Bearer ${key}` } })).json()) as { chainId: number; embedded?: boolean; ledger: string }
+  const chain = (await call(base, 'GET', '/v1/chain', key)).body as { chainId: number; embedded?: boolean; ledger: string }
   t.equal(chain.chainId, 31337, 'the chain of the default config (config/default.json)')
   t.equal(chain.embedded, true, 'the embedded chain runs (its worker thread)')
   t.match(chain.ledger, /^0x[0-9a-fA-F]{40}$/)
-  const agent = await fetch(`${base}/v1/agents`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ agentId: 'bundle-check' }) })
+  const agent = await call(base, 'POST', '/v1/agents', key, { agentId: 'bundle-check' })
   t.equal(agent.status, 201, 'an agent is created (LevelDB, a native addon)')
-  const wallet = await fetch(`${base}/v1/wallets`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ agentId: 'bundle-check' }),
-  })
+  const wallet = await call(base, 'POST', '/v1/wallets', key, { agentId: 'bundle-check' })
   t.equal(wallet.status, 201, 'a wallet is created and funded on the embedded chain')
 }
 
